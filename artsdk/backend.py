@@ -1,0 +1,206 @@
+"""The one protocol every training backend implements, and ``art.session`` which drives it.
+
+A backend serves a model behind an OpenAI-compatible endpoint and trains it on groups of
+trajectories. Backends are found by name through the ``artsdk.backends`` entry-point group,
+so ``backend = "remote"`` in the config swaps one for another without a code change:
+
+```toml
+[project.entry-points."artsdk.backends"]
+mine = "my_package.backend:MyBackend"
+```
+
+```python
+model = art.TrainableModel("agent", base_model="HuggingFaceTB/SmolLM2-135M-Instruct")
+async with art.session(model) as run:
+    groups = await art.gather(play, games, group_size=8, rewards=[won])
+    result = await run.train(groups)
+```
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from importlib.metadata import entry_points
+from typing import Any, AsyncIterator, Optional, Protocol, Sequence, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .capture.context import Route, routes
+from .errors import BackendError, RolloutError
+from .trajectory import Group
+
+log = logging.getLogger("artsdk")
+ENTRY_POINT_GROUP = "artsdk.backends"
+
+
+def _default_project() -> str:
+    from .config import settings
+
+    return settings().project
+
+
+class TrainableModel(BaseModel):
+    """A model to train: a name agent code uses in ``model=``, the base model it starts from
+    (a Hugging Face id, a local folder or a GGUF file) and backend settings such as LoRA rank.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    base_model: str
+    project: str = Field(default_factory=_default_project)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+    def __init__(self, name: str, base_model: str, **data: Any) -> None:
+        super().__init__(name=name, base_model=base_model, **data)
+
+
+class Endpoint(BaseModel):
+    """Where a backend serves a model: an OpenAI-compatible base URL, its key, and the
+    model name to send (``name`` resolves to the newest step)."""
+
+    base_url: str
+    api_key: str = "artsdk"
+    model: str
+
+
+class TrainResult(BaseModel):
+    """What one training step did."""
+
+    model_config = ConfigDict(extra="allow")
+
+    step: int
+    metrics: dict[str, float] = Field(default_factory=dict)
+    checkpoint: Optional[str] = None
+    groups_trained: int = 0
+    groups_skipped: int = 0
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A training backend: serve a model, train it on groups, report its step."""
+
+    async def register(self, model: TrainableModel) -> Endpoint:
+        """Load (or resume) the model and return where it is served."""
+        ...
+
+    async def train(self, model: TrainableModel, groups: Sequence[Group], **config: Any) -> TrainResult:
+        """Run one training step on these groups; the next calls are served by the result."""
+        ...
+
+    async def step(self, model: TrainableModel) -> int:
+        """The model's newest step (0 before any training)."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the backend holds (servers, devices)."""
+        ...
+
+
+def available_backends() -> dict[str, str]:
+    """Installed backends: name -> ``module:Class``."""
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def load_backend(name: Optional[str] = None, **options: Any) -> Backend:
+    """Build the backend called ``name`` (default: the ``backend`` setting) with the
+    ``backend_options`` setting overridden by ``options``."""
+    from .config import settings
+
+    cfg = settings()
+    name = name or cfg.backend
+    found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+    if not found:
+        known = ", ".join(sorted(available_backends())) or "none installed"
+        raise BackendError(
+            f"no backend named {name!r} (installed: {known}). Install the extra that provides "
+            f"it (pip install 'artsdk[local]') or set `backend` in artsdk.toml / ARTSDK_BACKEND"
+        )
+    try:
+        cls = found[0].load()
+    except ImportError as e:
+        raise BackendError(
+            f"backend {name!r} cannot be imported ({e}); install its dependencies, e.g. "
+            f"pip install 'artsdk[{name}]'"
+        ) from e
+    opts = {**cfg.backend_options, **options}
+    if name == "remote":
+        opts.setdefault("url", cfg.backend_url)
+        opts.setdefault("api_key", cfg.api_key)
+    return cls(**opts)
+
+
+class Session:
+    """An open training session: calls naming the model are served by the backend, and
+    ``train`` runs GRPO steps. Get one from ``art.session(model)``."""
+
+    def __init__(self, model: TrainableModel, backend: Backend, endpoint: Endpoint, step: int) -> None:
+        self.model = model
+        self.backend = backend
+        self.endpoint = endpoint
+        self.step = step
+        self.history: list[TrainResult] = []
+
+    async def train(self, groups: Sequence[Group], **config: Any) -> TrainResult:
+        """One training step on ``groups``. Groups with no signal (all rewards equal) carry
+        nothing to learn from: the backend skips them and the result counts them."""
+        from .store import default_store
+
+        groups = list(groups)
+        if not groups:
+            raise RolloutError("train() got no groups; gather some first with art.gather")
+        bad = [g for g in groups if not isinstance(g, Group)]
+        if bad:
+            raise RolloutError(f"train() takes art.Group objects, got {type(bad[0]).__name__}")
+        silent = sum(1 for g in groups if g.no_signal)
+        if silent == len(groups):
+            log.warning("all %d groups have equal rewards within the group: this step has no "
+                        "training signal", silent)
+        result = await self.backend.train(self.model, groups, **config)
+        self.step = result.step
+        self.history.append(result)
+        default_store().record_step(self.model.project, self.model.name, result.step,
+                                    result.metrics, result.checkpoint)
+        return result
+
+
+_sessions: list[Session] = []
+
+
+def current_session() -> Optional[Session]:
+    """The innermost open session, or None."""
+    return _sessions[-1] if _sessions else None
+
+
+@asynccontextmanager
+async def session(model: TrainableModel, backend: Optional[Backend] = None,
+                  **backend_options: Any) -> AsyncIterator[Session]:
+    """Open a training session on ``model`` with the configured backend (or ``backend``).
+
+    Inside it, any openai / litellm call with ``model=model.name`` is sent to the
+    backend's endpoint, whatever base URL the client was built with.
+    """
+    from .store import default_store
+
+    owns = backend is None
+    be = backend if backend is not None else load_backend(**backend_options)
+    try:
+        endpoint = await be.register(model)
+        step = await be.step(model)
+        default_store().record_model(model.project, model.name, model.base_model, model.config)
+        run = Session(model, be, endpoint, step)
+        previous = routes.get(model.name)
+        routes[model.name] = Route(endpoint.base_url, endpoint.api_key, endpoint.model)
+        _sessions.append(run)
+        try:
+            yield run
+        finally:
+            _sessions.remove(run)
+            if previous is None:
+                routes.pop(model.name, None)
+            else:
+                routes[model.name] = previous
+    finally:
+        if owns:
+            await be.close()

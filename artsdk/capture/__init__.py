@@ -1,0 +1,84 @@
+"""Transparent capture of LLM calls made inside a rollout.
+
+``install()`` (run by ``import artsdk``) patches each supported client library when it is
+imported, or at once if it already was: artsdk never imports a client library itself, so a
+user who never imports litellm never pays for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import threading
+from types import ModuleType
+from typing import Any, Optional, Sequence
+
+from .context import Recorder, Route, current_recorder, routes
+
+__all__ = ["install", "uninstall", "Recorder", "Route", "current_recorder", "routes"]
+
+# library module -> artsdk module holding its patch()
+PATCHERS = {"openai": "artsdk.capture.openai", "litellm": "artsdk.capture.litellm"}
+_lock = threading.RLock()
+_patched: set[str] = set()
+
+
+def _apply(name: str, module: ModuleType) -> None:
+    with _lock:
+        if name in _patched:
+            return
+        importlib.import_module(PATCHERS[name]).patch(module)
+        _patched.add(name)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Lets the real finders load a client library, then patches it before the importing
+    code gets the module back (so ``from litellm import completion`` binds the patch)."""
+
+    def find_spec(self, fullname: str, path: Optional[Sequence[str]], target: Any = None) -> Any:
+        if fullname not in PATCHERS or fullname in _patched:
+            return None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            spec = getattr(finder, "find_spec", lambda *a: None)(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_and_patch(module: ModuleType) -> None:
+            exec_module(module)
+            _apply(fullname, module)
+
+        loader.exec_module = exec_and_patch  # type: ignore[method-assign]
+        return spec
+
+
+_finder = _PatchOnImport()
+
+
+def install() -> None:
+    """Patch supported client libraries now if imported, else when they are imported."""
+    with _lock:
+        for name in PATCHERS:
+            if name in sys.modules:
+                _apply(name, sys.modules[name])
+        if _finder not in sys.meta_path:
+            sys.meta_path.insert(0, _finder)
+
+
+def uninstall() -> None:
+    """Undo every patch (mainly for benchmarks that compare with and without capture)."""
+    with _lock:
+        if _finder in sys.meta_path:
+            sys.meta_path.remove(_finder)
+        for name in list(_patched):
+            importlib.import_module(PATCHERS[name]).unpatch(sys.modules[name])
+            _patched.discard(name)

@@ -1,0 +1,115 @@
+"""Which rollout an LLM call belongs to, where a trainable model's calls go, and which
+recording answers calls during a replay.
+
+All three are looked up by the patched clients on every call, so the common case (no
+rollout, no session) costs one ContextVar read and one dict check.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+if TYPE_CHECKING:
+    from ..trajectory import LLMCall
+
+
+class Recorder:
+    """Collects the calls of one running rollout. Calls keep the order they were *made*
+    in, also when a stream finishes after a later call."""
+
+    __slots__ = ("calls", "_pending", "_lock")
+
+    def __init__(self) -> None:
+        self.calls: list[Optional[LLMCall]] = []
+        self._pending: dict[int, Callable[[], None]] = {}
+        self._lock = threading.Lock()
+
+    def reserve(self, finish: Callable[[], None]) -> int:
+        """Hold a slot for a call whose answer is still streaming; ``finish`` records what
+        arrived so far if the rollout ends before the stream does."""
+        with self._lock:
+            self.calls.append(None)
+            i = len(self.calls) - 1
+            self._pending[i] = finish
+            return i
+
+    def fill(self, slot: int, call: LLMCall) -> None:
+        with self._lock:
+            self._pending.pop(slot, None)
+            call.index = slot
+            self.calls[slot] = call
+
+    def add(self, call: LLMCall) -> None:
+        with self._lock:
+            call.index = len(self.calls)
+            self.calls.append(call)
+
+    def close(self) -> list[LLMCall]:
+        """Finish streams the agent abandoned and return the calls in order."""
+        with self._lock:
+            pending = list(self._pending.values())
+        for finish in pending:
+            finish()
+        return [c for c in self.calls if c is not None]
+
+
+current_recorder: ContextVar[Optional[Recorder]] = ContextVar("artsdk_recorder", default=None)
+# Set while a patched call runs, so a client that calls another patched client internally
+# (litellm -> openai) is recorded once, by the outer patch.
+inside_call: ContextVar[bool] = ContextVar("artsdk_inside_call", default=False)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where calls naming a trainable model are sent during a session."""
+
+    base_url: str
+    api_key: str = "artsdk"
+    served_model: Optional[str] = None
+
+
+# model name -> Route. Module-global (not a ContextVar) on purpose: a session must reach
+# calls made from any task or thread started while it is open.
+routes: dict[str, Route] = {}
+
+
+class Cassette:
+    """The recorded calls of one trajectory, answered in order during ``replay.rerun``."""
+
+    def __init__(self, calls: list[LLMCall], trajectory_id: str) -> None:
+        self.calls = calls
+        self.trajectory_id = trajectory_id
+        self.position = 0
+        self._lock = threading.Lock()
+
+    def next_call(self, model: str, messages: list[dict[str, Any]], tools: Any) -> LLMCall:
+        from ..replay import check_same_request
+
+        with self._lock:
+            i = self.position
+            self.position += 1
+        if i >= len(self.calls):
+            from ..errors import ReplayError
+
+            raise ReplayError(
+                f"call {i} of the re-run has no recording: trajectory {self.trajectory_id} "
+                f"made only {len(self.calls)} call(s)"
+            )
+        recorded = self.calls[i]
+        check_same_request(recorded, model, messages, tools, i, self.trajectory_id)
+        return recorded
+
+
+current_cassette: ContextVar[Optional[Cassette]] = ContextVar("artsdk_cassette", default=None)
+
+
+def active() -> bool:
+    """True when a patched call has anything to do besides passing through."""
+    return (
+        current_recorder.get() is not None
+        or bool(routes)
+        or current_cassette.get() is not None
+    ) and not inside_call.get()

@@ -1,0 +1,258 @@
+"""Turning a chat-completion request and its response (or stream of chunks) into an
+``LLMCall``. OpenAI and LiteLLM objects have the same attribute shape, so one reader serves
+both patchers.
+
+Responses are read attribute by attribute instead of through ``model_dump()``: capture runs
+on every call and dumping a whole response costs several times more.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, Optional
+
+from ..trajectory import Choice, LLMCall, as_message
+
+# Request keys that are not sampling parameters (or cannot be stored as JSON).
+_NOT_PARAMS = frozenset(
+    {"messages", "model", "tools", "stream", "extra_headers", "extra_query", "timeout",
+     "api_key", "api_base", "base_url", "client", "metadata", "http_client"}
+)
+_STEP = re.compile(r"@(\d+)$")
+
+
+def request_parts(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]], Any, dict[str, Any]]:
+    """(model, messages, tools, params) of a create() call, copied so the agent appending
+    to its message list later does not rewrite history."""
+    messages = [as_message(m) for m in kwargs.get("messages") or ()]
+    tools = kwargs.get("tools")
+    if tools is not None and not _given(tools):
+        tools = None
+    if tools is not None:
+        tools = [as_message(t) for t in tools]
+    params = {}
+    for k, v in kwargs.items():
+        if k in _NOT_PARAMS or not _given(v):
+            continue
+        if isinstance(v, type):  # response_format=SomeModel in .parse()
+            v = f"{v.__module__}.{v.__qualname__}"
+        params[k] = v
+    return str(kwargs.get("model", "")), messages, tools, params
+
+
+def _given(v: Any) -> bool:
+    # openai's Omit / NotGiven sentinels mean "argument not passed"
+    return type(v).__name__ not in ("Omit", "NotGiven")
+
+
+def served_step(served_by: Optional[str]) -> Optional[int]:
+    """``"agent@3"`` -> 3: artsdk backends name the adapter step that answered."""
+    if served_by:
+        m = _STEP.search(served_by)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def _tool_calls(tool_calls: Any) -> Optional[list[dict[str, Any]]]:
+    if not tool_calls:
+        return None
+    out = []
+    for tc in tool_calls:
+        if isinstance(tc, dict):
+            out.append(tc)
+            continue
+        fn = tc.function
+        out.append(
+            {"id": tc.id, "type": getattr(tc, "type", None) or "function",
+             "function": {"name": fn.name, "arguments": fn.arguments}}
+        )
+    return out
+
+
+def _token_logprobs(choice: Any) -> tuple[Optional[list[float]], Optional[list[str]]]:
+    lp = getattr(choice, "logprobs", None)
+    content = getattr(lp, "content", None) if lp is not None else None
+    if content is None and isinstance(lp, dict):
+        content = lp.get("content")
+    if not content:
+        return None, None
+    if isinstance(content[0], dict):
+        return [c["logprob"] for c in content], [c.get("token", "") for c in content]
+    return [c.logprob for c in content], [c.token for c in content]
+
+
+def _token_ids(choice: Any, tokens: Optional[list[str]]) -> Optional[list[int]]:
+    ids = getattr(choice, "token_ids", None)
+    if ids is None:
+        extra = getattr(choice, "model_extra", None) or {}
+        ids = extra.get("token_ids")
+    if ids is not None:
+        return list(ids)
+    # vLLM's --return-tokens-as-token-ids spells each token "token:123"
+    if tokens and tokens[0].startswith("token:"):
+        try:
+            return [int(t[6:]) for t in tokens]
+        except ValueError:
+            return None
+    return None
+
+
+def _usage(resp: Any) -> Optional[dict[str, Any]]:
+    u = getattr(resp, "usage", None)
+    if u is None:
+        return None
+    if isinstance(u, dict):
+        return u
+    return {
+        "prompt_tokens": getattr(u, "prompt_tokens", None),
+        "completion_tokens": getattr(u, "completion_tokens", None),
+        "total_tokens": getattr(u, "total_tokens", None),
+    }
+
+
+def from_response(
+    provider: str, kwargs: dict[str, Any], resp: Any, latency: float,
+    request: Optional[tuple[str, list[dict[str, Any]], Any, dict[str, Any]]] = None,
+) -> LLMCall:
+    """An LLMCall from a complete (non-streamed) chat completion."""
+    model, messages, tools, params = request or request_parts(kwargs)
+    choices = []
+    for c in resp.choices:
+        m = c.message
+        msg: dict[str, Any] = {"role": getattr(m, "role", None) or "assistant",
+                               "content": getattr(m, "content", None)}
+        tcs = _tool_calls(getattr(m, "tool_calls", None))
+        if tcs:
+            msg["tool_calls"] = tcs
+        refusal = getattr(m, "refusal", None)
+        if refusal:
+            msg["refusal"] = refusal
+        logprobs, tokens = _token_logprobs(c)
+        choices.append(
+            Choice(index=c.index or 0, message=msg, finish_reason=c.finish_reason,
+                   token_ids=_token_ids(c, tokens), logprobs=logprobs)
+        )
+    served_by = getattr(resp, "model", None)
+    extra = getattr(resp, "model_extra", None) or {}
+    return LLMCall(
+        provider=provider, model=model, messages=messages, tools=tools, params=params,
+        choices=choices, served_by=served_by, step=served_step(served_by),
+        usage=_usage(resp), prompt_token_ids=extra.get("prompt_token_ids"), latency=latency,
+    )
+
+
+class StreamAccumulator:
+    """Assembles streamed chunks into choices, the way the final message would have
+    looked had the call not been streamed."""
+
+    def __init__(self, provider: str, kwargs: dict[str, Any]) -> None:
+        self.provider = provider
+        self.request = request_parts(kwargs)
+        self.choices: dict[int, dict[str, Any]] = {}
+        self.served_by: Optional[str] = None
+        self.usage: Optional[dict[str, Any]] = None
+        self.prompt_token_ids: Optional[list[int]] = None
+        self.done = False
+
+    def add(self, chunk: Any) -> None:
+        if self.served_by is None:
+            self.served_by = getattr(chunk, "model", None)
+        if getattr(chunk, "usage", None) is not None:
+            self.usage = _usage(chunk)
+        extra = getattr(chunk, "model_extra", None) or {}
+        if self.prompt_token_ids is None and extra.get("prompt_token_ids"):
+            self.prompt_token_ids = extra["prompt_token_ids"]
+        for c in chunk.choices or ():
+            st = self.choices.get(c.index or 0)
+            if st is None:
+                st = self.choices[c.index or 0] = {
+                    "role": "assistant", "content": [], "tool_calls": {}, "finish_reason": None,
+                    "logprobs": [], "tokens": [], "token_ids": [],
+                }
+            d = c.delta
+            if d is not None:
+                if getattr(d, "role", None):
+                    st["role"] = d.role
+                if getattr(d, "content", None):
+                    st["content"].append(d.content)
+                for tc in getattr(d, "tool_calls", None) or ():
+                    slot = st["tool_calls"].setdefault(
+                        tc.index or 0, {"id": None, "type": "function",
+                                        "function": {"name": "", "arguments": ""}})
+                    if tc.id:
+                        slot["id"] = tc.id
+                    fn = tc.function
+                    if fn is not None:
+                        if fn.name:
+                            slot["function"]["name"] += fn.name
+                        if fn.arguments:
+                            slot["function"]["arguments"] += fn.arguments
+            if c.finish_reason:
+                st["finish_reason"] = c.finish_reason
+            lps, toks = _token_logprobs(c)
+            if lps:
+                st["logprobs"].extend(lps)
+                st["tokens"].extend(toks or ())
+            ids = getattr(c, "token_ids", None)
+            if ids is None:
+                ids = (getattr(c, "model_extra", None) or {}).get("token_ids")
+            if ids:
+                st["token_ids"].extend(ids)
+
+    def to_call(self, latency: float, incomplete: bool) -> LLMCall:
+        model, messages, tools, params = self.request
+        choices = []
+        for i in sorted(self.choices):
+            st = self.choices[i]
+            msg: dict[str, Any] = {"role": st["role"], "content": "".join(st["content"]) or None}
+            if st["tool_calls"]:
+                msg["tool_calls"] = [st["tool_calls"][k] for k in sorted(st["tool_calls"])]
+            ids = st["token_ids"] or _token_ids(object(), st["tokens"])
+            choices.append(
+                Choice(index=i, message=msg, finish_reason=st["finish_reason"],
+                       token_ids=ids or None, logprobs=st["logprobs"] or None)
+            )
+        return LLMCall(
+            provider=self.provider, model=model, messages=messages, tools=tools, params=params,
+            choices=choices, served_by=self.served_by, step=served_step(self.served_by),
+            usage=self.usage, prompt_token_ids=self.prompt_token_ids, latency=latency,
+            stream=True, incomplete=incomplete,
+        )
+
+
+def failed_call(provider: str, kwargs: dict[str, Any], exc: BaseException, latency: float) -> LLMCall:
+    """A call that raised (HTTP error, timeout): recorded so the trajectory shows it."""
+    model, messages, tools, params = request_parts(kwargs)
+    return LLMCall(provider=provider, model=model, messages=messages, tools=tools, params=params,
+                   latency=latency, error=f"{type(exc).__name__}: {exc}")
+
+
+def chunks_from_call(call: LLMCall) -> Iterable[dict[str, Any]]:
+    """Chunks (as dicts) that replay a recorded call as a stream: one carrying each choice's
+    whole message, then one with its finish reason."""
+    for c in call.choices:
+        delta: dict[str, Any] = {"role": "assistant", "content": c.message.get("content")}
+        if c.message.get("tool_calls"):
+            delta["tool_calls"] = [
+                {"index": j, **tc} for j, tc in enumerate(c.message["tool_calls"])
+            ]
+        yield {"id": "replay", "object": "chat.completion.chunk", "created": 0,
+               "model": call.served_by or call.model,
+               "choices": [{"index": c.index, "delta": delta, "finish_reason": None}]}
+        yield {"id": "replay", "object": "chat.completion.chunk", "created": 0,
+               "model": call.served_by or call.model,
+               "choices": [{"index": c.index, "delta": {}, "finish_reason": c.finish_reason or "stop"}]}
+
+
+def response_from_call(call: LLMCall) -> dict[str, Any]:
+    """A recorded call as a chat-completion response dict."""
+    return {
+        "id": "replay", "object": "chat.completion", "created": 0,
+        "model": call.served_by or call.model,
+        "choices": [
+            {"index": c.index, "message": c.message, "finish_reason": c.finish_reason or "stop"}
+            for c in call.choices
+        ],
+        "usage": call.usage,
+    }

@@ -1,0 +1,171 @@
+"""The ``artsdk`` command.
+
+    artsdk trajectories list [--project P] [--model M] [--step N] [--min-reward X] [--errors]
+    artsdk trajectories show ID
+    artsdk trajectories export OUT.jsonl [filters]
+    artsdk config
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Optional, Sequence
+
+from ._version import __version__
+from .errors import ArtError
+
+
+def _filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", help="store path or URL (default: from the settings)")
+    p.add_argument("--project")
+    p.add_argument("--model")
+    p.add_argument("--step", type=int)
+    p.add_argument("--rollout")
+    p.add_argument("--group", dest="group_id")
+    p.add_argument("--min-reward", type=float)
+    p.add_argument("--max-reward", type=float)
+    errs = p.add_mutually_exclusive_group()
+    errs.add_argument("--errors", dest="error", action="store_const", const=True,
+                      help="only failed rollouts")
+    errs.add_argument("--ok", dest="error", action="store_const", const=False,
+                      help="only rollouts that finished")
+
+
+def _filter_values(a: argparse.Namespace) -> dict[str, Any]:
+    keys = ("project", "model", "step", "rollout", "group_id", "min_reward", "max_reward", "error")
+    return {k: getattr(a, k) for k in keys if getattr(a, k) is not None}
+
+
+def _store(a: argparse.Namespace) -> Any:
+    from .store import Store
+
+    return Store(a.store) if a.store else Store()
+
+
+def _fmt_reward(r: Optional[float]) -> str:
+    return "-" if r is None else f"{r:.3f}"
+
+
+def cmd_list(a: argparse.Namespace) -> int:
+    with _store(a) as store:
+        trajs = store.trajectories(limit=a.limit, newest_first=True, **_filter_values(a))
+        total = store.count(**_filter_values(a))
+    if a.json:
+        for t in trajs:
+            print(t.model_dump_json(fallback=repr))
+        return 0
+    print(f"{'id':10} {'started':19} {'rollout':18} {'model':14} {'step':>4} {'calls':>5} "
+          f"{'reward':>7}  status")
+    for t in trajs:
+        status = f"error: {t.error.type}" if t.error else ("no calls" if not t.calls else "ok")
+        print(f"{t.id[:10]:10} {t.started_at:%Y-%m-%d %H:%M:%S} {t.rollout[:18]:18} "
+              f"{(t.model or '-')[:14]:14} {t.step if t.step is not None else '-':>4} "
+              f"{len(t.calls):>5} {_fmt_reward(t.reward):>7}  {status}")
+    print(f"{len(trajs)} of {total} shown")
+    return 0
+
+
+def _content(m: dict[str, Any]) -> str:
+    c = m.get("content")
+    if isinstance(c, list):
+        c = " ".join(p.get("text", "") for p in c if isinstance(p, dict))
+    text = c or ""
+    for tc in m.get("tool_calls") or ():
+        fn = tc.get("function", {})
+        text += f"\n  -> {fn.get('name')}({fn.get('arguments')})"
+    return text
+
+
+def cmd_show(a: argparse.Namespace) -> int:
+    with _store(a) as store:
+        t = store.get(a.id)
+    if a.json:
+        print(t.model_dump_json(indent=2, fallback=repr))
+        return 0
+    print(f"trajectory {t.id}  rollout {t.rollout}  project {t.project}  model {t.model}  step {t.step}")
+    print(f"started {t.started_at:%Y-%m-%d %H:%M:%S}  {t.duration:.2f}s  reward {_fmt_reward(t.reward)}")
+    print(f"scenario: {json.dumps(t.scenario, default=repr)[:300]}")
+    for name, value in t.rewards.items():
+        print(f"  reward {name} = {value:.4f}")
+    for w in t.warnings:
+        print(f"  warning: {w}")
+    for call in t.calls:
+        trained = " token ids+logprobs" if call.choices and call.choices[0].trainable else ""
+        print(f"\n-- call {call.index}: {call.provider} {call.model} -> {call.served_by}"
+              f"{' (stream)' if call.stream else ''} {call.latency * 1000:.0f} ms{trained}")
+        shown = call.messages if call.index == 0 else call.messages[-2:]
+        for m in shown:
+            print(f"[{m.get('role')}] {_content(m)}")
+        for ch in call.choices:
+            print(f"[assistant#{ch.index}] {_content(ch.message)}  ({ch.finish_reason})")
+        if call.error:
+            print(f"  call failed: {call.error}")
+    print(f"\noutcome: {json.dumps(t.outcome, default=repr)[:500]}")
+    if t.error:
+        print(f"\nerror: {t.error.type}: {t.error.message}\n{t.error.traceback}")
+    return 0
+
+
+def cmd_export(a: argparse.Namespace) -> int:
+    with _store(a) as store:
+        n = store.export_jsonl(a.out, **_filter_values(a))
+    print(f"wrote {n} trajectories to {a.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_config(a: argparse.Namespace) -> int:
+    from .config import settings
+
+    s = settings()
+    data = s.model_dump()
+    if data.get("api_key"):
+        data["api_key"] = "***"
+    data["store_url"] = s.store_url
+    print(json.dumps(data, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="artsdk", description="Train LLM agents with RL.")
+    p.add_argument("--version", action="version", version=f"artsdk {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("trajectories", help="look at stored trajectories")
+    tsub = t.add_subparsers(dest="action", required=True)
+    ls = tsub.add_parser("list", help="newest trajectories first")
+    _filters(ls)
+    ls.add_argument("--limit", type=int, default=20)
+    ls.add_argument("--json", action="store_true", help="one JSON object per line")
+    ls.set_defaults(func=cmd_list)
+    show = tsub.add_parser("show", help="one trajectory, call by call")
+    show.add_argument("id", help="trajectory id (or a unique prefix of 6+ characters)")
+    show.add_argument("--store")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=cmd_show)
+    ex = tsub.add_parser("export", help="write trajectories as JSON Lines")
+    ex.add_argument("out", help="output file (.jsonl); '-' for stdout")
+    _filters(ex)
+    ex.set_defaults(func=cmd_export)
+
+    c = sub.add_parser("config", help="print the effective settings")
+    c.set_defaults(func=cmd_config)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "out", None) == "-":
+        args.out = sys.stdout
+    try:
+        return int(args.func(args) or 0)
+    except ArtError as e:
+        print(f"artsdk: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `artsdk trajectories list | head`
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""The exceptions artsdk raises. Each message names the culprit and says what to do."""
+
+from __future__ import annotations
+
+
+class ArtError(Exception):
+    """Base class of every error artsdk raises on purpose."""
+
+
+class ConfigError(ArtError):
+    """A setting is missing, malformed or names something that does not exist."""
+
+
+class TrajectoryError(ArtError, ValueError):
+    """A trajectory or message list does not have the shape artsdk needs."""
+
+
+class RewardError(ArtError):
+    """A reward function raised, or returned something that is not a finite number."""
+
+
+class RolloutError(ArtError):
+    """A rollout was used in a way that cannot work (not one whose agent code raised:
+    that failure is recorded on the trajectory as ``trajectory.error``)."""
+
+
+class StoreError(ArtError):
+    """The trajectory store cannot be opened, read or written."""
+
+
+class ReplayError(ArtError):
+    """A re-run of stored agent code made a call that the recording cannot answer."""
+
+
+class BackendError(ArtError):
+    """A training backend could not be found, started or reached."""
+
+
+def first_error(exc: BaseException) -> BaseException:
+    """The first leaf exception of a (nested) exception group, so users see
+    ``RewardError: ...`` rather than ``ExceptionGroup: unhandled errors in a TaskGroup``."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc

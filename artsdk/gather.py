@@ -1,0 +1,180 @@
+"""``art.gather``: run a rollout over many scenarios at once and return scored groups."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any, Iterable, Optional, Sequence
+
+import anyio
+
+from .errors import RewardError, RolloutError, first_error
+from .rewards import RewardLike, score
+from .rollout import Args, Rollout
+from .trajectory import Group, new_id
+
+log = logging.getLogger("artsdk")
+
+
+class Progress:
+    """A one-line progress bar on stderr (only on a terminal unless forced)."""
+
+    def __init__(self, total: int, label: str, enabled: Optional[bool]) -> None:
+        self.total = total
+        self.label = label
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.done = self.errors = 0
+        self.reward_sum = 0.0
+        self.scored = 0
+        self.t0 = time.monotonic()
+        self._last = 0.0
+
+    def update(self, *, error: bool) -> None:
+        self.done += 1
+        self.errors += error
+        self._draw()
+
+    def add_rewards(self, rewards: Sequence[float]) -> None:
+        self.reward_sum += sum(rewards)
+        self.scored += len(rewards)
+        self._draw()
+
+    def _draw(self, final: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not final and now - self._last < 0.1 and self.done < self.total:
+            return
+        self._last = now
+        width = 24
+        filled = int(width * self.done / max(self.total, 1))
+        bar = "█" * filled + "·" * (width - filled)
+        mean = f" reward {self.reward_sum / self.scored:.3f}" if self.scored else ""
+        errs = f" errors {self.errors}" if self.errors else ""
+        rate = self.done / max(now - self.t0, 1e-9)
+        sys.stderr.write(f"\r{self.label} {bar} {self.done}/{self.total}{mean}{errs} {rate:.1f}/s ")
+        if final:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        self._draw(final=True)
+
+
+def _as_call(scenario: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if isinstance(scenario, Args):
+        return scenario.args, scenario.kwargs
+    return (scenario,), {}
+
+
+async def gather(
+    rollout: Rollout[Any],
+    scenarios: Iterable[Any],
+    *,
+    group_size: int = 1,
+    rewards: Optional[Sequence[RewardLike]] = None,
+    concurrency: Optional[int] = None,
+    retries: int = 0,
+    timeout: Optional[float] = None,
+    progress: Optional[bool] = None,
+    store: Any = None,
+) -> list[Any]:
+    """Run ``rollout`` ``group_size`` times on every scenario, at most ``concurrency`` at
+    once; score each group with ``rewards`` (default: the rollout's own); store every
+    trajectory; return one ``art.Group`` per scenario, in scenario order.
+
+    - A scenario is passed as the rollout's one argument; use ``art.Args(a, b, k=1)`` for more.
+    - A rollout that raises (or runs past ``timeout`` seconds) is retried up to ``retries``
+      times; every attempt is stored, the last one is the group's member.
+    - A group whose rewards are all equal has ``no_signal=True`` and is counted in the log.
+    - A reward that raises or returns a non-number raises RewardError once everything has
+      been stored.
+
+    ``store`` is an ``art.Store``, or ``False`` to keep nothing (tests, dry runs).
+    """
+    from .config import settings
+    from .store import default_store
+
+    if not isinstance(rollout, Rollout):
+        raise RolloutError(f"gather needs a function decorated with @art.rollout, got {rollout!r}")
+    if group_size < 1:
+        raise RolloutError(f"group_size must be at least 1, got {group_size}")
+    if retries < 0:
+        raise RolloutError(f"retries must be 0 or more, got {retries}")
+    cfg = settings()
+    scenario_list = list(scenarios)
+    reward_fns = list(rollout.rewards if rewards is None else rewards)
+    db = None if store is False else (store or default_store())
+    limit = concurrency or cfg.concurrency
+    slots = anyio.Semaphore(limit)
+    threads = anyio.CapacityLimiter(limit)
+    bar = Progress(len(scenario_list) * group_size, rollout.name, progress if progress is not None else cfg.progress)
+    groups: list[Optional[Group]] = [None] * len(scenario_list)
+    reward_errors: list[RewardError] = []
+    pending_writes: list[Any] = []
+
+    async def one(group: Group, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        for attempt in range(retries + 1):
+            async with slots:
+                traj = await rollout.run(args, kwargs, timeout=timeout, limiter=threads,
+                                         group_id=group.id, group_index=index, attempt=attempt)
+            if traj.error is None or attempt == retries:
+                break
+            if db is not None:  # failed attempts are kept too
+                pending_writes.append(db.submit(traj))
+        group.trajectories[index] = traj
+        bar.update(error=traj.error is not None)
+
+    async def run_group(i: int, scenario: Any) -> None:
+        args, kwargs = _as_call(scenario)
+        group = Group(id=new_id(), rollout=rollout.name, scenario=scenario)
+        group.trajectories = [None] * group_size  # type: ignore[list-item]
+        async with anyio.create_task_group() as tg:
+            for k in range(group_size):
+                tg.start_soon(one, group, k, args, kwargs)
+        try:
+            await score(group.trajectories, reward_fns)
+        except RewardError as e:
+            reward_errors.append(e)
+            for t in group.trajectories:
+                t.warnings.append(str(e))
+        bar.add_rewards(group.rewards)
+        if db is not None:
+            await db.asave(group.trajectories, groups=[group])
+        groups[i] = group
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for i, scenario in enumerate(scenario_list):
+                tg.start_soon(run_group, i, scenario)
+    except BaseExceptionGroup as eg:
+        raise first_error(eg) from None
+    finally:
+        bar.close()
+        if pending_writes:
+            from .store import wait
+
+            for f in pending_writes:
+                await wait(f)
+
+    done = [g for g in groups if g is not None]
+    _report(rollout.name, done)
+    if reward_errors:
+        extra = f" (and {len(reward_errors) - 1} more)" if len(reward_errors) > 1 else ""
+        raise RewardError(f"{reward_errors[0]}{extra}; the trajectories were stored unscored")
+    return done
+
+
+def _report(name: str, groups: list[Group]) -> None:
+    trajs = [t for g in groups for t in g.trajectories]
+    silent = sum(1 for t in trajs if not t.calls and t.error is None)
+    if silent:
+        log.warning("%s: %d of %d rollouts made no LLM call that could be captured; they "
+                    "cannot be trained on. Call the model with the openai or litellm client "
+                    "inside the decorated function.", name, silent, len(trajs))
+    no_signal = sum(1 for g in groups if g.no_signal)
+    errors = sum(g.errors for g in groups)
+    if no_signal or errors:
+        log.info("%s: %d groups, %d with no signal (all rewards equal), %d failed rollouts",
+                 name, len(groups), no_signal, errors)

@@ -1,0 +1,219 @@
+"""``@art.rollout``: turn existing agent code into something that produces trajectories.
+
+```python
+@art.rollout
+async def play(game: Game) -> dict:
+    resp = await client.chat.completions.create(model="agent", messages=...)
+    return {"winner": ...}
+
+await play(game)                    # still returns {"winner": ...}
+traj = await play.collect(game)     # an art.Trajectory: calls, outcome, rewards; stored
+```
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import logging
+from contextlib import nullcontext
+from time import perf_counter
+from typing import Any, Awaitable, Callable, Generic, Optional, Sequence, TypeVar, Union, overload
+
+import anyio
+
+from .capture import Recorder, current_recorder
+from .errors import RewardError
+from .rewards import RewardLike, score
+from .trajectory import ErrorInfo, Trajectory, utcnow
+
+log = logging.getLogger("artsdk")
+R = TypeVar("R")
+
+NO_CALLS = (
+    "no LLM call was captured in this rollout: make the calls inside the decorated function "
+    "with the openai or litellm client (chat.completions.create / completion), so there is "
+    "something to train on"
+)
+
+
+class Args:
+    """Several arguments for one scenario: ``art.Args(board, level=2)`` calls
+    ``play(board, level=2)``. A scenario that is not an Args is passed as the one argument."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args = args
+        self.kwargs = kwargs
+
+    def __repr__(self) -> str:
+        parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        return f"Args({', '.join(parts)})"
+
+
+def _context_fields() -> dict[str, Any]:
+    from .backend import current_session
+    from .config import settings
+
+    run = current_session()
+    if run is not None:
+        return {"project": run.model.project, "model": run.model.name, "step": run.step}
+    return {"project": settings().project}
+
+
+class Rollout(Generic[R]):
+    """A decorated agent function. Calling it behaves exactly like the function; ``collect``
+    and ``art.gather`` run it and return trajectories."""
+
+    def __init__(self, fn: Callable[..., Any], *, name: Optional[str] = None,
+                 rewards: Sequence[RewardLike] = ()) -> None:
+        if not callable(fn):
+            raise TypeError(f"@art.rollout needs a function, got {fn!r}")
+        self.fn = fn
+        self.name = name or getattr(fn, "__qualname__", getattr(fn, "__name__", "rollout"))
+        self.rewards = list(rewards)
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.signature = inspect.signature(fn)
+        functools.update_wrapper(self, fn)
+
+    def __repr__(self) -> str:
+        return f"<rollout {self.name!r}>"
+
+    # -- plain calls ------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.is_async:
+            return self._call_async(args, kwargs)
+        rec = Recorder()
+        traj = self._new(args, kwargs)
+        t0 = perf_counter()
+        token = current_recorder.set(rec)
+        try:
+            traj.outcome = self.fn(*args, **kwargs)
+            return traj.outcome
+        except Exception as e:
+            traj.error = ErrorInfo.from_exception(e)
+            raise
+        finally:
+            current_recorder.reset(token)
+            self._finish(traj, rec, perf_counter() - t0)
+            self._record_plain(traj)
+
+    async def _call_async(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        rec = Recorder()
+        traj = self._new(args, kwargs)
+        t0 = perf_counter()
+        token = current_recorder.set(rec)
+        try:
+            traj.outcome = await self.fn(*args, **kwargs)
+            return traj.outcome
+        except Exception as e:
+            traj.error = ErrorInfo.from_exception(e)
+            raise
+        finally:
+            current_recorder.reset(token)
+            self._finish(traj, rec, perf_counter() - t0)
+            self._record_plain(traj)
+
+    def _record_plain(self, traj: Trajectory) -> None:
+        # plain calls are stored only when asked to (or inside a session): a decorated
+        # function called from a unit test should not write files
+        from .backend import current_session
+        from .config import settings
+
+        if settings().record_calls or current_session() is not None:
+            from .store import default_store
+
+            default_store().submit(traj)
+
+    # -- trajectories -----------------------------------------------------------------
+
+    def _new(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trajectory:
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"rollout {self.name!r}: {e}") from None
+        return Trajectory(rollout=self.name, scenario=dict(bound.arguments), **_context_fields())
+
+    def _finish(self, traj: Trajectory, rec: Recorder, duration: float) -> None:
+        traj.calls = rec.close()
+        traj.duration = duration
+        traj.ended_at = utcnow()
+        if traj.step is None:
+            steps = [c.step for c in traj.calls if c.step is not None]
+            traj.step = steps[-1] if steps else None
+        if not traj.calls and traj.error is None:
+            traj.warnings.append(NO_CALLS)
+
+    async def run(self, args: tuple[Any, ...] = (), kwargs: Optional[dict[str, Any]] = None, *,
+                  timeout: Optional[float] = None, limiter: Optional[anyio.CapacityLimiter] = None,
+                  **fields: Any) -> Trajectory:
+        """Run once and return the trajectory, unscored and unstored. Exceptions from the
+        agent code (and a timeout) are recorded in ``trajectory.error``, not raised."""
+        kwargs = kwargs or {}
+        traj = self._new(args, kwargs)
+        for k, v in fields.items():
+            setattr(traj, k, v)
+        rec = Recorder()
+        t0 = perf_counter()
+        token = current_recorder.set(rec)
+        try:
+            with anyio.fail_after(timeout) if timeout else nullcontext():
+                if self.is_async:
+                    traj.outcome = await self.fn(*args, **kwargs)
+                else:
+                    ctx = contextvars.copy_context()
+                    traj.outcome = await anyio.to_thread.run_sync(
+                        functools.partial(ctx.run, self.fn, *args, **kwargs),
+                        limiter=limiter, abandon_on_cancel=True,
+                    )
+        except Exception as e:
+            if isinstance(e, TimeoutError) and timeout:
+                e = TimeoutError(f"rollout {self.name!r} took longer than its timeout of {timeout} s")
+            traj.error = ErrorInfo.from_exception(e)
+        finally:
+            current_recorder.reset(token)
+        self._finish(traj, rec, perf_counter() - t0)
+        return traj
+
+    async def collect(self, *args: Any, **kwargs: Any) -> Trajectory:
+        """Run once, apply this rollout's rewards, store the trajectory and return it.
+
+        A rollout whose agent code raises still returns (and stores) a trajectory with
+        ``error`` set. A reward that raises or returns a non-number raises RewardError after
+        the trajectory is stored.
+        """
+        from .store import default_store
+
+        traj = await self.run(args, kwargs)
+        problem: Optional[RewardError] = None
+        try:
+            await score([traj], self.rewards)
+        except RewardError as e:
+            problem = e
+            traj.warnings.append(str(e))
+        await default_store().asave(traj)
+        if problem is not None:
+            raise problem
+        return traj
+
+    def collect_sync(self, *args: Any, **kwargs: Any) -> Trajectory:
+        """``collect`` for code without an event loop."""
+        return anyio.run(functools.partial(self.collect, *args, **kwargs))
+
+
+@overload
+def rollout(fn: Callable[..., Awaitable[R]]) -> Rollout[R]: ...
+@overload
+def rollout(fn: Callable[..., R]) -> Rollout[R]: ...
+@overload
+def rollout(*, name: Optional[str] = None, rewards: Sequence[RewardLike] = ()) -> Callable[[Callable[..., Any]], Rollout[Any]]: ...
+
+
+def rollout(fn: Optional[Callable[..., Any]] = None, *, name: Optional[str] = None,
+            rewards: Sequence[RewardLike] = ()) -> Union[Rollout[Any], Callable[[Callable[..., Any]], Rollout[Any]]]:
+    """Decorate an agent function (sync or async). ``rewards`` are applied by ``collect``
+    and by ``art.gather`` when it is given none."""
+    if fn is not None:
+        return Rollout(fn, name=name, rewards=rewards)
+    return lambda f: Rollout(f, name=name, rewards=rewards)

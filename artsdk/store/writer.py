@@ -1,0 +1,103 @@
+"""One writer thread per store: rollouts hand it trajectories and go on; it commits what
+has queued up in one transaction at a time. The event loop never waits on SQLite, and a
+single writer connection cannot meet "database is locked" from itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+log = logging.getLogger("artsdk.store")
+
+_MAX_BATCH = 512
+_STOP = object()
+
+
+class Job:
+    """Rows to write in one transaction, and the future that says it happened."""
+
+    __slots__ = ("write", "future", "describe", "dump")
+
+    def __init__(self, write: Callable[[Any], None], describe: str,
+                 dump: Optional[Callable[[], str]] = None) -> None:
+        self.write = write
+        self.future: Future[None] = Future()
+        self.describe = describe
+        self.dump = dump
+
+
+class Writer:
+    def __init__(self, begin: Callable[[], Any], unsaved_dir: Path, name: str) -> None:
+        self._begin = begin  # -> context manager yielding a connection in a transaction
+        self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._unsaved_dir = unsaved_dir
+        self._thread = threading.Thread(target=self._run, name=f"artsdk-store-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job) -> Future[None]:
+        if not self._thread.is_alive():
+            raise RuntimeError("the store is closed")
+        self._queue.put(job)
+        return job.future
+
+    def close(self, timeout: float = 60.0) -> None:
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            batch = [item]
+            while len(batch) < _MAX_BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = any(j is _STOP for j in batch)
+            jobs = [j for j in batch if j is not _STOP]
+            if jobs:
+                self._commit(jobs)
+            if stop:
+                return
+
+    def _commit(self, jobs: list[Job]) -> None:
+        try:
+            with self._begin() as conn:
+                for job in jobs:
+                    job.write(conn)
+        except Exception:
+            if len(jobs) == 1:
+                self._fail(jobs[0])
+                return
+            # one bad job must not take the others down with it: retry them one by one
+            for job in jobs:
+                self._commit([job])
+            return
+        for job in jobs:
+            job.future.set_result(None)
+
+    def _fail(self, job: Job) -> None:
+        import sys
+
+        exc = sys.exc_info()[1]
+        where = ""
+        if job.dump is not None:
+            # nothing is lost: what could not be written goes to a file beside the store
+            try:
+                self._unsaved_dir.mkdir(parents=True, exist_ok=True)
+                path = self._unsaved_dir / f"{job.describe.replace(' ', '-')}.json"
+                path.write_text(job.dump())
+                where = f"; its data was saved to {path}"
+            except OSError:
+                pass
+        from ..errors import StoreError
+
+        err = StoreError(f"could not store {job.describe}: {type(exc).__name__}: {exc}{where}")
+        log.error("%s", err)
+        job.future.set_exception(err)

@@ -1,0 +1,254 @@
+"""What a rollout leaves behind: its LLM calls, outcome, rewards and errors.
+
+Messages are kept as OpenAI-format dicts (``{"role": "user", "content": "hi"}``), the shape
+agent code already uses, so ``traj.messages[-1]["content"]`` reads the way it was written.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from datetime import datetime, timezone
+from typing import Any, Iterable, Iterator, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import TrajectoryError
+
+Message = dict[str, Any]
+"""One chat message in OpenAI format: ``{"role": ..., "content": ..., "tool_calls": ...}``."""
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def check_messages(messages: Any, *, where: str = "messages") -> list[Message]:
+    """Return ``messages`` as a list of chat dicts, or raise TrajectoryError naming the bad one.
+
+    >>> check_messages([{"role": "user", "content": "hi"}])
+    [{'role': 'user', 'content': 'hi'}]
+    """
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Iterable):
+        raise TrajectoryError(
+            f"{where} must be a list of chat messages like "
+            f"[{{'role': 'user', 'content': '...'}}], got {type(messages).__name__}"
+        )
+    out: list[Message] = []
+    for i, m in enumerate(messages):
+        m = as_message(m)
+        if not isinstance(m, dict):
+            raise TrajectoryError(
+                f"{where}[{i}] is a {type(m).__name__}, not a chat message dict "
+                f"with 'role' and 'content'"
+            )
+        role = m.get("role")
+        if role not in ROLES:
+            raise TrajectoryError(
+                f"{where}[{i}] has role {role!r}; expected one of {sorted(ROLES)}"
+            )
+        if role == "tool" and "tool_call_id" not in m:
+            raise TrajectoryError(f"{where}[{i}] is a tool message without 'tool_call_id'")
+        if "content" not in m and not m.get("tool_calls") and not m.get("function_call"):
+            raise TrajectoryError(f"{where}[{i}] ({role}) has neither 'content' nor 'tool_calls'")
+        out.append(m)
+    return out
+
+
+def as_message(m: Any) -> Any:
+    """An OpenAI/LiteLLM message object (pydantic) as a plain dict; dicts are copied shallowly."""
+    if isinstance(m, dict):
+        return dict(m)
+    dump = getattr(m, "model_dump", None)
+    if dump is not None:
+        d = dump(exclude_none=True)
+        # openai objects carry empty optional lists/None fields that requests never had
+        return {k: v for k, v in d.items() if v not in (None, [], {}) or k == "content"}
+    return m
+
+
+class Choice(BaseModel):
+    """One sampled answer to an LLM call. ``token_ids``/``logprobs`` are the exact sampled
+    tokens and their log-probabilities when the server returned them (artsdk backends do)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    index: int = 0
+    message: Message
+    finish_reason: Optional[str] = None
+    token_ids: Optional[list[int]] = None
+    logprobs: Optional[list[float]] = None
+
+    @property
+    def trainable(self) -> bool:
+        """True when this choice carries the sampled token ids and logprobs needed for
+        token-exact training."""
+        return bool(self.token_ids) and self.logprobs is not None and len(self.logprobs) == len(
+            self.token_ids
+        )
+
+
+class LLMCall(BaseModel):
+    """One chat-completion call made inside a rollout: the request and every choice."""
+
+    model_config = ConfigDict(extra="allow")
+
+    index: int = 0
+    provider: str = "openai"
+    model: str = ""
+    messages: list[Message] = Field(default_factory=list)
+    tools: Optional[list[dict[str, Any]]] = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    choices: list[Choice] = Field(default_factory=list)
+    served_by: Optional[str] = None
+    step: Optional[int] = None
+    usage: Optional[dict[str, Any]] = None
+    prompt_token_ids: Optional[list[int]] = None
+    latency: float = 0.0
+    stream: bool = False
+    incomplete: bool = False
+    error: Optional[str] = None
+
+    @property
+    def message(self) -> Optional[Message]:
+        """The first choice's message (the one agent code usually continues with)."""
+        return self.choices[0].message if self.choices else None
+
+
+class ErrorInfo(BaseModel):
+    """Why a rollout failed: the exception's type, message and traceback."""
+
+    type: str
+    message: str
+    traceback: str = ""
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> "ErrorInfo":
+        import traceback
+
+        return cls(
+            type=type(exc).__name__,
+            message=str(exc),
+            traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        )
+
+
+class Trajectory(BaseModel):
+    """Everything one run of a rollout produced.
+
+    ``outcome`` is what the decorated function returned; ``calls`` every LLM call it made;
+    ``rewards`` the value of each reward function and ``reward`` their weighted sum;
+    ``error`` is set when the agent code raised (the trajectory is still stored).
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    id: str = Field(default_factory=new_id)
+    rollout: str = ""
+    project: Optional[str] = None
+    model: Optional[str] = None
+    step: Optional[int] = None
+    group_id: Optional[str] = None
+    group_index: Optional[int] = None
+    attempt: int = 0
+    scenario: Any = None
+    outcome: Any = None
+    calls: list[LLMCall] = Field(default_factory=list)
+    rewards: dict[str, float] = Field(default_factory=dict)
+    reward: Optional[float] = None
+    error: Optional[ErrorInfo] = None
+    warnings: list[str] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    started_at: datetime = Field(default_factory=utcnow)
+    ended_at: Optional[datetime] = None
+    duration: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True when the agent code finished without raising."""
+        return self.error is None
+
+    @property
+    def messages(self) -> list[Message]:
+        """The conversation as the agent last saw it: the last call's request messages
+        followed by that call's first answer. Empty when no call was made."""
+        if not self.calls:
+            return []
+        last = self.calls[-1]
+        return [*last.messages, *([last.message] if last.message is not None else [])]
+
+    @property
+    def last_message(self) -> Optional[Message]:
+        """The last assistant message the model produced, or None."""
+        for call in reversed(self.calls):
+            if call.message is not None:
+                return call.message
+        return None
+
+    def choices(self) -> Iterator[tuple[LLMCall, Choice]]:
+        """Every (call, choice) pair in call order."""
+        for call in self.calls:
+            for choice in call.choices:
+                yield call, choice
+
+
+class Group(BaseModel):
+    """Trajectories of the same scenario, compared with each other by GRPO.
+
+    A group whose rewards are all equal carries no training signal: ``no_signal`` says so.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    id: str = Field(default_factory=new_id)
+    trajectories: list[Trajectory] = Field(default_factory=list)
+    rollout: str = ""
+    scenario: Any = None
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
+
+    def __iter__(self) -> Iterator[Trajectory]:  # type: ignore[override]
+        return iter(self.trajectories)
+
+    def __getitem__(self, i: int) -> Trajectory:
+        return self.trajectories[i]
+
+    @property
+    def scored(self) -> list[Trajectory]:
+        """Trajectories that finished and have a reward (failed ones are excluded)."""
+        return [t for t in self.trajectories if t.error is None and t.reward is not None]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [t.reward for t in self.scored]  # type: ignore[misc]
+
+    @property
+    def errors(self) -> int:
+        return sum(1 for t in self.trajectories if t.error is not None)
+
+    @property
+    def mean(self) -> float:
+        r = self.rewards
+        return sum(r) / len(r) if r else math.nan
+
+    @property
+    def std(self) -> float:
+        r = self.rewards
+        if not r:
+            return math.nan
+        m = sum(r) / len(r)
+        return math.sqrt(sum((x - m) ** 2 for x in r) / len(r))
+
+    @property
+    def no_signal(self) -> bool:
+        """True when fewer than two trajectories were scored or all rewards are equal:
+        GRPO advantages would all be zero."""
+        r = self.rewards
+        return len(r) < 2 or max(r) - min(r) <= 1e-12

@@ -1,0 +1,33 @@
+import os
+import sys
+from pathlib import Path
+
+# litellm fetches a model price list from the internet at import unless told not to
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("LITELLM_LOG", "ERROR")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pytest  # noqa: E402
+
+from tests.scripted_server import ScriptedServer  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def server():
+    """A real OpenAI-compatible HTTP server on 127.0.0.1 (see scripted_server.py)."""
+    with ScriptedServer() as s:
+        yield s
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    """Every test runs in its own folder, so the default store and config are its own."""
+    monkeypatch.chdir(tmp_path)
+    for k in list(os.environ):
+        if k.startswith("ARTSDK_"):
+            monkeypatch.delenv(k)
+    import artsdk
+
+    artsdk.configure(**{k: None for k in artsdk.Settings.model_fields})
+    yield
+    artsdk.configure(**{k: None for k in artsdk.Settings.model_fields})

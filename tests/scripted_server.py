@@ -1,0 +1,172 @@
+"""A scripted OpenAI-compatible chat server on 127.0.0.1, for tests and benchmarks.
+
+It answers like an artsdk backend does: every choice carries ``token_ids`` and per-token
+logprobs, the response names the model as ``name@step``, and it streams (SSE) and makes
+tool calls. What it answers is decided by the last user message:
+
+- ``"tool please"`` with tools given: a call to the first tool with ``{"q": "<content>"}``
+- ``"bad json"``: an HTTP 400 error
+- ``"sleep 0.05 ..."``: waits that many seconds first
+- anything else: ``"echo: <last user content>"``
+
+Each character of the answer is one "token" (id = its code point), logprob -0.5.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from typing import Any, Optional
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+
+def _last_user(messages: list[dict[str, Any]]) -> str:
+    for m in reversed(messages):
+        if m.get("role") == "user":
+            c = m.get("content")
+            return c if isinstance(c, str) else json.dumps(c)
+    return ""
+
+
+def make_app(step: int = 0) -> FastAPI:
+    app = FastAPI()
+    app.state.step = step
+    app.state.requests = []
+
+    def answer(body: dict[str, Any], i: int) -> tuple[Optional[str], Optional[list[dict]]]:
+        text = _last_user(body.get("messages", []))
+        if text.startswith("tool please") and body.get("tools"):
+            name = body["tools"][0]["function"]["name"]
+            return None, [{"id": f"call_{i}", "type": "function",
+                           "function": {"name": name, "arguments": json.dumps({"q": text})}}]
+        suffix = f"#{i}" if body.get("n", 1) > 1 else ""
+        return f"echo{suffix}: {text}", None
+
+    def tokens_of(content: Optional[str], tool_calls: Optional[list[dict]]) -> str:
+        if content is not None:
+            return content
+        return "".join(tc["function"]["name"] + tc["function"]["arguments"] for tc in tool_calls or ())
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Any:
+        body = await request.json()
+        app.state.requests.append({"body": body, "auth": request.headers.get("authorization")})
+        text = _last_user(body.get("messages", []))
+        if text.startswith("sleep "):
+            await asyncio.sleep(float(text.split()[1]))
+        if text.startswith("bad json"):
+            return JSONResponse({"error": {"message": "scripted failure", "type": "invalid_request_error"}},
+                                status_code=400)
+        model = f"{body.get('model')}@{app.state.step}"
+        n = body.get("n") or 1
+        prompt_ids = [ord(c) % 50000 for c in json.dumps(body.get("messages"))[:64]]
+        if body.get("stream"):
+            return StreamingResponse(_stream(body, model, n, answer, tokens_of),
+                                     media_type="text/event-stream")
+        choices = []
+        for i in range(n):
+            content, tool_calls = answer(body, i)
+            toks = tokens_of(content, tool_calls)
+            msg: dict[str, Any] = {"role": "assistant", "content": content}
+            if tool_calls:
+                msg["tool_calls"] = tool_calls
+            choices.append({
+                "index": i, "message": msg,
+                "finish_reason": "tool_calls" if tool_calls else "stop",
+                "logprobs": {"content": [{"token": c, "logprob": -0.5, "bytes": None, "top_logprobs": []}
+                                         for c in toks]},
+                "token_ids": [ord(c) for c in toks],
+            })
+        return {
+            "id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()),
+            "model": model, "choices": choices, "prompt_token_ids": prompt_ids,
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": sum(len(c["token_ids"]) for c in choices),
+                      "total_tokens": 0},
+        }
+
+    return app
+
+
+async def _stream(body: dict[str, Any], model: str, n: int, answer: Any, tokens_of: Any) -> Any:
+    created = int(time.time())
+
+    def chunk(i: int, delta: dict[str, Any], finish: Optional[str] = None,
+              toks: str = "") -> str:
+        c: dict[str, Any] = {"index": i, "delta": delta, "finish_reason": finish}
+        if toks:
+            c["logprobs"] = {"content": [{"token": t, "logprob": -0.5, "bytes": None, "top_logprobs": []}
+                                         for t in toks]}
+            c["token_ids"] = [ord(t) for t in toks]
+        data = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": created,
+                "model": model, "choices": [c]}
+        return f"data: {json.dumps(data)}\n\n"
+
+    for i in range(n):
+        content, tool_calls = answer(body, i)
+        yield chunk(i, {"role": "assistant", "content": ""})
+        if tool_calls:
+            for j, tc in enumerate(tool_calls):
+                name, args = tc["function"]["name"], tc["function"]["arguments"]
+                yield chunk(i, {"tool_calls": [{"index": j, "id": tc["id"], "type": "function",
+                                                 "function": {"name": name, "arguments": ""}}]}, toks=name)
+                half = len(args) // 2
+                for piece in (args[:half], args[half:]):
+                    yield chunk(i, {"tool_calls": [{"index": j, "function": {"arguments": piece}}]},
+                                toks=piece)
+            yield chunk(i, {}, "tool_calls")
+        else:
+            words = content.split(" ")
+            for k, w in enumerate(words):
+                piece = w if k == 0 else " " + w
+                yield chunk(i, {"content": piece}, toks=piece)
+                await asyncio.sleep(0)
+            yield chunk(i, {}, "stop")
+    if (body.get("stream_options") or {}).get("include_usage"):
+        data = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": created,
+                "model": model, "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1,
+                                                         "total_tokens": 2}}
+        yield f"data: {json.dumps(data)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+class ScriptedServer:
+    """Runs the app with uvicorn in a background thread on a free 127.0.0.1 port."""
+
+    def __init__(self, step: int = 0) -> None:
+        self.app = make_app(step)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
+                                        daemon=True)
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        return self.app.state.requests
+
+    def set_step(self, step: int) -> None:
+        self.app.state.step = step
+
+    def __enter__(self) -> "ScriptedServer":
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("scripted server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(10)
+        self._sock.close()
