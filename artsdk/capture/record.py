@@ -138,7 +138,8 @@ def from_response(
     return LLMCall(
         provider=provider, model=model, messages=messages, tools=tools, params=params,
         choices=choices, served_by=served_by, step=served_step(served_by),
-        usage=_usage(resp), prompt_token_ids=extra.get("prompt_token_ids"), latency=latency,
+        usage=_usage(resp), latency=latency,
+        prompt_token_ids=extra.get("prompt_token_ids") or getattr(resp, "prompt_token_ids", None),
     )
 
 
@@ -157,7 +158,10 @@ class StreamAccumulator:
 
     def add(self, chunk: Any) -> None:
         if self.served_by is None:
-            self.served_by = getattr(chunk, "model", None)
+            # litellm streams rename chunk.model to the requested model; the server's
+            # answer (name@step) is kept in its hidden params
+            hidden = getattr(chunk, "_hidden_params", None) or {}
+            self.served_by = hidden.get("provider_response_model") or getattr(chunk, "model", None)
         if getattr(chunk, "usage", None) is not None:
             self.usage = _usage(chunk)
         extra = getattr(chunk, "model_extra", None) or {}
@@ -200,8 +204,14 @@ class StreamAccumulator:
             if ids:
                 st["token_ids"].extend(ids)
 
+    @property
+    def finished(self) -> bool:
+        """Every choice has its finish reason: the stream ended, whoever closed it."""
+        return bool(self.choices) and all(c["finish_reason"] for c in self.choices.values())
+
     def to_call(self, latency: float, incomplete: bool) -> LLMCall:
         model, messages, tools, params = self.request
+        incomplete = incomplete and not self.finished
         choices = []
         for i in sorted(self.choices):
             st = self.choices[i]

@@ -1,0 +1,112 @@
+"""Capture of litellm calls against a real HTTP server on 127.0.0.1."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import artsdk as art
+
+litellm = pytest.importorskip("litellm")
+
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object",
+                                                                              "properties": {}}}}]
+
+
+@pytest.fixture
+def kw(server):
+    return {"model": "openai/m", "api_base": server.base_url, "api_key": "k"}
+
+
+def user(text):
+    return [{"role": "user", "content": text}]
+
+
+def test_completion_recorded_once(kw):
+    @art.rollout
+    def agent(q):
+        r = litellm.completion(messages=user(q), logprobs=True, **kw)
+        return r.choices[0].message.content
+
+    t = agent.collect_sync("hi")
+    assert t.outcome == "echo: hi"
+    (call,) = t.calls  # litellm drives the openai client underneath: still one call
+    assert call.provider == "litellm" and call.model == "openai/m"
+    assert call.message["content"] == "echo: hi"
+    assert call.choices[0].logprobs == [-0.5] * len("echo: hi")
+    assert "api_key" not in call.params and "api_base" not in call.params
+    assert call.served_by == "m@0" and call.step == 0
+    assert call.choices[0].token_ids == [ord(c) for c in "echo: hi"] and call.choices[0].trainable
+
+
+def test_positional_model_and_from_import(kw):
+    from litellm import completion  # bound after artsdk patched litellm at import
+
+    @art.rollout
+    def agent():
+        a = completion(kw["model"], user("pos"), api_base=kw["api_base"], api_key="k")
+        return a.choices[0].message.content
+
+    t = agent.collect_sync()
+    assert t.outcome == "echo: pos" and t.calls[0].model == "openai/m"
+
+
+async def test_acompletion_and_async_stream(kw):
+    @art.rollout
+    async def agent():
+        r = await litellm.acompletion(messages=user("async"), **kw)
+        s = await litellm.acompletion(messages=user("s t u"), stream=True, **kw)
+        text = "".join([c.choices[0].delta.content or "" async for c in s])
+        return r.choices[0].message.content, text
+
+    t = await agent.collect()
+    assert t.outcome == ("echo: async", "echo: s t u")
+    plain, streamed = t.calls
+    assert plain.message["content"] == "echo: async"
+    assert streamed.stream and not streamed.incomplete
+    assert streamed.message["content"] == "echo: s t u"
+    assert streamed.served_by == "m@0"
+    assert streamed.choices[0].token_ids == [ord(c) for c in "echo: s t u"]
+
+
+def test_sync_stream_full_and_abandoned(kw):
+    @art.rollout
+    def agent():
+        s = litellm.completion(messages=user("a b"), stream=True, **kw)
+        full = "".join(c.choices[0].delta.content or "" for c in s)
+        s2 = litellm.completion(messages=user("c d e f"), stream=True, **kw)
+        for _ in s2:
+            break
+        return full
+
+    t = agent.collect_sync()
+    assert t.outcome == "echo: a b"
+    assert not t.calls[0].incomplete and t.calls[0].message["content"] == "echo: a b"
+    assert t.calls[0].choices[0].token_ids == [ord(c) for c in "echo: a b"]
+    assert t.calls[0].choices[0].trainable
+    assert t.calls[1].incomplete
+
+
+def test_tool_calls(kw):
+    @art.rollout
+    def agent():
+        r = litellm.completion(messages=user("tool please"), tools=TOOLS, **kw)
+        s = litellm.completion(messages=user("tool please 2"), tools=TOOLS, stream=True, **kw)
+        for _ in s:
+            pass
+        return r.choices[0].message.tool_calls[0].function.name
+
+    t = agent.collect_sync()
+    assert t.outcome == "lookup"
+    for call, q in zip(t.calls, ("tool please", "tool please 2")):
+        (tc,) = call.message["tool_calls"]
+        assert tc["function"]["name"] == "lookup"
+        assert json.loads(tc["function"]["arguments"]) == {"q": q}
+
+
+def test_import_artsdk_does_not_import_litellm_or_torch():
+    code = ("import sys, artsdk; bad = [m for m in ('litellm', 'torch', 'transformers') "
+            "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr

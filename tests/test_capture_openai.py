@@ -1,0 +1,268 @@
+"""Capture of openai calls against a real HTTP server on 127.0.0.1."""
+
+import json
+
+import pytest
+from openai import AsyncOpenAI, BadRequestError, OpenAI
+from pydantic import BaseModel
+
+import artsdk as art
+
+TOOLS = [{"type": "function", "function": {"name": "search", "description": "search",
+                                            "parameters": {"type": "object",
+                                                           "properties": {"q": {"type": "string"}}}}}]
+
+
+def user(text):
+    return [{"role": "user", "content": text}]
+
+
+@pytest.fixture
+def sync_client(server):
+    return OpenAI(base_url=server.base_url, api_key="k")
+
+
+@pytest.fixture
+async def async_client(server):
+    client = AsyncOpenAI(base_url=server.base_url, api_key="k")
+    yield client
+    await client.close()
+
+
+def test_sync_call_recorded_with_tokens_and_step(sync_client, server):
+    @art.rollout
+    def agent(q):
+        r = sync_client.chat.completions.create(model="m", messages=user(q), temperature=0.7)
+        return r.choices[0].message.content
+
+    server.set_step(3)
+    try:
+        t = agent.collect_sync("hello")
+    finally:
+        server.set_step(0)
+    assert t.outcome == "echo: hello"
+    (call,) = t.calls
+    assert call.model == "m" and call.served_by == "m@3" and call.step == 3 and t.step == 3
+    assert call.messages == user("hello")
+    assert call.params == {"temperature": 0.7}
+    ch = call.choices[0]
+    assert ch.message == {"role": "assistant", "content": "echo: hello"}
+    assert ch.token_ids == [ord(c) for c in "echo: hello"]
+    assert ch.logprobs == [-0.5] * len("echo: hello") and ch.trainable
+    assert call.prompt_token_ids and call.latency > 0 and not call.stream
+
+
+def test_plain_call_returns_value_and_is_not_stored(sync_client, art_store):
+    @art.rollout
+    def agent(q):
+        return sync_client.chat.completions.create(model="m", messages=user(q)).choices[0].message.content
+
+    assert agent("x") == "echo: x"
+    art_store.flush()
+    assert art_store.count() == 0
+
+
+async def test_async_call_and_messages_are_copied(async_client):
+    @art.rollout
+    async def agent(q):
+        msgs = user(q)
+        r = await async_client.chat.completions.create(model="m", messages=msgs)
+        msgs.append(r.choices[0].message)  # the agent continues with the openai object
+        msgs.append({"role": "user", "content": "again"})
+        r2 = await async_client.chat.completions.create(model="m", messages=msgs)
+        return r2.choices[0].message.content
+
+    t = await agent.collect("one")
+    assert t.outcome == "echo: again"
+    first, second = t.calls
+    assert first.messages == user("one")  # not rewritten by the later append
+    assert second.messages[1] == {"role": "assistant", "content": "echo: one"}
+    assert [m["role"] for m in t.messages] == ["user", "assistant", "user", "assistant"]
+
+
+def test_calls_outside_a_rollout_are_not_recorded(sync_client):
+    rec = art.capture.Recorder()
+    r = sync_client.chat.completions.create(model="m", messages=user("free"))
+    assert r.choices[0].message.content == "echo: free"
+    assert rec.calls == [] and art.capture.current_recorder.get() is None
+
+
+def test_sync_stream_fully_consumed(sync_client):
+    @art.rollout
+    def agent():
+        stream = sync_client.chat.completions.create(model="m", messages=user("a b c"), stream=True)
+        return "".join(c.choices[0].delta.content or "" for c in stream)
+
+    t = agent.collect_sync()
+    assert t.outcome == "echo: a b c"
+    (call,) = t.calls
+    assert call.stream and not call.incomplete
+    assert call.message["content"] == "echo: a b c"
+    assert call.choices[0].finish_reason == "stop"
+    assert call.choices[0].token_ids == [ord(c) for c in "echo: a b c"]
+
+
+def test_sync_stream_abandoned_early(sync_client):
+    @art.rollout
+    def agent():
+        stream = sync_client.chat.completions.create(model="m", messages=user("a b c d"), stream=True)
+        first = []
+        for chunk in stream:
+            first.append(chunk.choices[0].delta.content)
+            if len(first) == 2:
+                break
+        return "".join(x or "" for x in first)
+
+    t = agent.collect_sync()
+    (call,) = t.calls
+    assert call.incomplete and call.message["content"] == t.outcome == "echo:"
+
+
+def test_sync_stream_context_manager_and_close(sync_client):
+    @art.rollout
+    def agent():
+        with sync_client.chat.completions.create(model="m", messages=user("x y"), stream=True) as s:
+            next(iter(s))
+            next(iter(s))
+        s2 = sync_client.chat.completions.create(model="m", messages=user("z"), stream=True)
+        s2.close()
+        return None
+
+    t = agent.collect_sync()
+    assert len(t.calls) == 2
+    assert t.calls[0].incomplete and t.calls[0].message["content"] == "echo:"
+    assert t.calls[1].incomplete and t.calls[1].choices == []  # closed before any chunk
+
+
+async def test_async_stream_variants(async_client):
+    @art.rollout
+    async def agent():
+        s = await async_client.chat.completions.create(model="m", messages=user("p q"), stream=True)
+        full = "".join([c.choices[0].delta.content or "" async for c in s])
+        async with await async_client.chat.completions.create(model="m", messages=user("r s t"),
+                                                                stream=True) as s2:
+            async for _ in s2:
+                break
+        return full
+
+    t = await agent.collect()
+    assert t.outcome == "echo: p q"
+    assert not t.calls[0].incomplete and t.calls[0].message["content"] == "echo: p q"
+    assert t.calls[1].incomplete and t.calls[1].choices[0].finish_reason is None
+
+
+async def test_abandoned_stream_still_recorded_when_rollout_ends_first(async_client):
+    keep = []
+
+    @art.rollout
+    async def agent():
+        s = await async_client.chat.completions.create(model="m", messages=user("never read"), stream=True)
+        keep.append(s)  # neither iterated nor closed
+        return "done"
+
+    t = await agent.collect()
+    assert len(t.calls) == 1 and t.calls[0].incomplete and t.calls[0].stream
+    await keep[0].close()
+
+
+def test_stream_helper_goes_through_create(sync_client):
+    @art.rollout
+    def agent():
+        with sync_client.chat.completions.stream(model="m", messages=user("helper")) as s:
+            for _ in s:
+                pass
+            return s.get_final_completion().choices[0].message.content
+
+    t = agent.collect_sync()
+    assert t.outcome == "echo: helper"
+    assert len(t.calls) == 1 and t.calls[0].message["content"] == "echo: helper"
+
+
+def test_tool_calls_plain_and_streamed(sync_client):
+    @art.rollout
+    def agent():
+        r = sync_client.chat.completions.create(model="m", messages=user("tool please"), tools=TOOLS)
+        s = sync_client.chat.completions.create(model="m", messages=user("tool please now"),
+                                                 tools=TOOLS, stream=True)
+        for _ in s:
+            pass
+        return r.choices[0].message.tool_calls[0].function.name
+
+    t = agent.collect_sync()
+    assert t.outcome == "search"
+    plain, streamed = t.calls
+    assert plain.tools == TOOLS
+    assert plain.message["tool_calls"] == [{"id": "call_0", "type": "function", "function": {
+        "name": "search", "arguments": json.dumps({"q": "tool please"})}}]
+    assert plain.choices[0].finish_reason == "tool_calls"
+    tc = streamed.message["tool_calls"][0]
+    assert tc["id"] == "call_0" and tc["function"]["name"] == "search"
+    assert json.loads(tc["function"]["arguments"]) == {"q": "tool please now"}
+    assert streamed.choices[0].finish_reason == "tool_calls"
+    expected = "search" + json.dumps({"q": "tool please now"})
+    assert streamed.choices[0].token_ids == [ord(c) for c in expected]
+
+
+async def test_n_greater_than_one(async_client):
+    @art.rollout
+    async def agent():
+        await async_client.chat.completions.create(model="m", messages=user("many"), n=3)
+        s = await async_client.chat.completions.create(model="m", messages=user("many"), n=2, stream=True)
+        async for _ in s:
+            pass
+
+    t = await agent.collect()
+    plain, streamed = t.calls
+    assert [c.message["content"] for c in plain.choices] == ["echo#0: many", "echo#1: many", "echo#2: many"]
+    assert [c.index for c in streamed.choices] == [0, 1]
+    assert streamed.choices[1].message["content"] == "echo#1: many"
+    assert all(c.trainable for c in plain.choices + streamed.choices)
+
+
+def test_parse_and_raw_response(sync_client):
+    class Answer(BaseModel):
+        text: str
+
+    @art.rollout
+    def agent():
+        raw = sync_client.chat.completions.with_raw_response.create(model="m", messages=user("raw"))
+        assert raw.http_response.status_code == 200
+        return raw.parse().choices[0].message.content
+
+    t = agent.collect_sync()
+    assert t.outcome == "echo: raw" and len(t.calls) == 1
+    assert t.calls[0].message["content"] == "echo: raw"
+
+    @art.rollout
+    def parser():
+        # the scripted server's echo is not JSON, so parsing the content fails after the call
+        sync_client.chat.completions.parse(model="m", messages=user("parse"), response_format=Answer)
+
+    t2 = parser.collect_sync()
+    assert t2.error is not None
+    assert len(t2.calls) == 1 and t2.calls[0].params["response_format"].endswith("Answer")
+
+
+def test_failed_call_is_recorded_and_rollout_error_kept(sync_client, art_store):
+    @art.rollout
+    def agent():
+        sync_client.chat.completions.create(model="m", messages=user("bad json"))
+
+    t = agent.collect_sync()
+    assert t.error.type == "BadRequestError" and "scripted failure" in t.error.message
+    assert t.calls[0].error.startswith("BadRequestError")
+    stored = art_store.get(t.id)
+    assert stored.error.type == "BadRequestError" and stored.calls[0].error == t.calls[0].error
+    with pytest.raises(BadRequestError):
+        agent()  # a plain call still raises like the undecorated function
+
+
+async def test_sync_rollout_in_gather_records_into_its_own_trajectory(sync_client):
+    @art.rollout
+    def agent(q):
+        return sync_client.chat.completions.create(model="m", messages=user(q)).choices[0].message.content
+
+    groups = await art.gather(agent, [f"q{i}" for i in range(6)], group_size=2, store=False)
+    for i, g in enumerate(groups):
+        for t in g:
+            assert t.outcome == f"echo: q{i}" and t.calls[0].messages == user(f"q{i}")
