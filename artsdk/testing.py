@@ -39,7 +39,7 @@ def trajectory(
     conversations instead. ``token_ids``/``logprobs`` attach to the last answer. ``error``
     marks the rollout as failed with that message.
     """
-    convos = [list(c) for c in calls] if calls is not None else [list(messages)]
+    convos = list(calls) if calls is not None else [messages]
     built: list[LLMCall] = []
     for n, convo in enumerate(convos):
         convo = check_messages(convo, where=f"calls[{n}]" if calls is not None else "messages")

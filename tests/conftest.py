@@ -33,13 +33,6 @@ def _isolated(tmp_path, monkeypatch):
     artsdk.configure(**{k: None for k in artsdk.Settings.model_fields})
 
 
-def pytest_collection_modifyitems(items):
-    import inspect
-
-    for item in items:  # async tests run on anyio's pytest plugin (asyncio)
-        if inspect.iscoroutinefunction(getattr(item, "function", None)):
-            item.add_marker(pytest.mark.anyio)
-
 
 @pytest.fixture
 def anyio_backend():

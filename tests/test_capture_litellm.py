@@ -8,6 +8,8 @@ import pytest
 
 import artsdk as art
 
+pytestmark = pytest.mark.anyio
+
 litellm = pytest.importorskip("litellm")
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object",

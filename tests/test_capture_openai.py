@@ -8,6 +8,8 @@ from pydantic import BaseModel
 
 import artsdk as art
 
+pytestmark = pytest.mark.anyio
+
 TOOLS = [{"type": "function", "function": {"name": "search", "description": "search",
                                             "parameters": {"type": "object",
                                                            "properties": {"q": {"type": "string"}}}}}]

@@ -89,8 +89,6 @@ class Store:
             def _pragmas(dbapi_conn: Any, _: Any) -> None:
                 cur = dbapi_conn.cursor()
                 cur.execute("PRAGMA busy_timeout=60000")
-                if self.path is not None:
-                    cur.execute("PRAGMA journal_mode=WAL")
                 cur.execute("PRAGMA synchronous=NORMAL")
                 cur.close()
         return engine
@@ -117,6 +115,10 @@ class Store:
                             f"{where} was written by a newer artsdk (schema {version}, this "
                             f"version reads {T.SCHEMA_VERSION}); upgrade artsdk"
                         )
+            if self.path is not None:
+                # set only once the file is known to be ours: WAL rewrites the file header
+                with self._engine.connect() as conn:
+                    conn.exec_driver_sql("PRAGMA journal_mode=WAL")
             T.metadata.create_all(self._engine)
             with self._engine.begin() as conn:
                 if conn.execute(sa.text("SELECT 1 FROM art_meta WHERE key='schema_version'")).first() is None:

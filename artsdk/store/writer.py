@@ -98,6 +98,9 @@ class Writer:
                 pass
         from ..errors import StoreError
 
-        err = StoreError(f"could not store {job.describe}: {type(exc).__name__}: {exc}{where}")
+        reason = f"{type(exc).__name__}: {getattr(exc, 'orig', None) or exc}"
+        if type(exc).__name__ == "IntegrityError":
+            reason += " (it is already stored; save(..., replace=True) overwrites it)"
+        err = StoreError(f"could not store {job.describe}: {reason}{where}")
         log.error("%s", err)
         job.future.set_exception(err)

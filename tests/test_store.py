@@ -1,0 +1,216 @@
+"""The SQLite store: round trips, filters, export, groups, other processes, bad files."""
+
+import json
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import artsdk as art
+from artsdk.testing import trajectory
+
+pytestmark = pytest.mark.anyio
+
+
+def multi_turn(n_turns=3, **fields):
+    msgs = [{"role": "system", "content": "be brief"}]
+    for i in range(n_turns):
+        msgs.append({"role": "user", "content": f"q{i}"})
+        msgs.append({"role": "assistant", "content": f"a{i}",
+                     **({"tool_calls": [{"id": f"c{i}", "type": "function",
+                                         "function": {"name": "f", "arguments": "{}"}}]} if i == 0 else {})})
+        if i == 0:
+            msgs.append({"role": "tool", "tool_call_id": "c0", "content": "result"})
+    return trajectory(msgs, token_ids=[5, 6, 7], logprobs=[-0.1, -0.2, -0.3], **fields)
+
+
+def test_round_trip_keeps_everything(tmp_path):
+    store = art.Store(tmp_path / "s.db")
+    t = multi_turn(outcome={"score": 3, "path": ["a", "b"]}, rewards={"win": 1.0, "len": -0.25},
+                   project="p", model="m", step=2, scenario={"seed": 7}, metadata={"k": "v"})
+    t.warnings.append("careful")
+    store.save(t)
+    back = store.get(t.id)
+    assert back.model_dump() == t.model_dump()
+    # the multi-turn prefix is stored once, not once per call
+    with sqlite3.connect(tmp_path / "s.db") as db:
+        rows = db.execute("SELECT idx, prefix, messages FROM art_calls ORDER BY idx").fetchall()
+    assert [r[1] for r in rows] == [0, 3, 6]
+    assert len(json.loads(rows[2][2])) == 1
+    store.close()
+
+
+def test_filters_count_and_prefix_lookup(tmp_path):
+    store = art.Store(tmp_path / "s.db")
+    ts = []
+    for i in range(10):
+        t = trajectory([{"role": "user", "content": str(i)}, {"role": "assistant", "content": "x"}],
+                       project="p" if i < 8 else "q", model="m", step=i % 3,
+                       rewards={"r": i / 10}, error="boom" if i == 9 else None)
+        ts.append(t)
+    store.save(ts)
+    assert store.count() == 10 and store.count(project="p") == 8
+    assert [t.reward for t in store.trajectories(min_reward=0.5, max_reward=0.7)] == [0.5, 0.6, 0.7]
+    assert {t.step for t in store.trajectories(step=1)} == {1}
+    assert [t.id for t in store.trajectories(error=True)] == [ts[9].id]
+    assert store.count(error=False) == 9
+    assert len(store.trajectories(limit=3, offset=8)) == 2
+    assert store.get(ts[4].id[:10]).id == ts[4].id
+    with pytest.raises(art.StoreError, match="no trajectory"):
+        store.get("f" * 32)
+    with pytest.raises(art.StoreError, match="too short"):
+        store.get("ab")
+    store.close()
+
+
+def test_export_jsonl_and_iterate(tmp_path):
+    store = art.Store(tmp_path / "s.db")
+    store.save([multi_turn(project="p") for _ in range(5)])
+    n = store.export_jsonl(tmp_path / "out.jsonl", project="p")
+    lines = (tmp_path / "out.jsonl").read_text().splitlines()
+    assert n == 5 == len(lines)
+    first = art.Trajectory.model_validate_json(lines[0])
+    assert len(first.calls) == 3 and first.calls[2].choices[0].token_ids == [5, 6, 7]
+    assert len(list(store.iter_trajectories(batch=2))) == 5
+    store.close()
+
+
+async def test_groups_come_back_for_training(tmp_path, server):
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=server.base_url, api_key="k")
+
+    @art.rollout
+    async def agent(q: str):
+        r = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": q}])
+        return r.choices[0].message.content
+
+    @art.reward
+    def length(t):
+        return float(len(t.outcome))
+
+    store = art.Store(tmp_path / "g.db")
+    groups = await art.gather(agent, ["a", "bbb"], group_size=3, rewards=[length], store=store)
+    loaded = {g.id: g for g in store.groups()}
+    assert set(loaded) == {g.id for g in groups}
+    for g in groups:  # same members in the same order
+        assert [t.id for t in loaded[g.id]] == [t.id for t in g]
+    b = loaded[groups[1].id]
+    assert b.scenario == "bbb" and b.rewards == [9.0] * 3 and b.no_signal
+    assert all(c.trainable for g in loaded.values() for t in g for _, c in t.choices())
+    await client.close()
+    store.close()
+
+
+def test_store_reopened_by_a_second_process(tmp_path):
+    path = tmp_path / "shared.db"
+    store = art.Store(path)
+    mine = multi_turn(project="p")
+    store.save(mine)
+    script = textwrap.dedent(f"""
+        import artsdk as art
+        from artsdk.testing import trajectory
+        s = art.Store({str(path)!r})
+        got = s.get({mine.id!r})
+        assert got.calls[2].messages[-1]["content"] == "q2", got
+        t = trajectory([{{"role": "user", "content": "from child"}},
+                        {{"role": "assistant", "content": "ok"}}], project="child")
+        s.save(t)
+        print(t.id)
+        s.close()
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    child_id = out.stdout.strip().splitlines()[-1]
+    assert store.get(child_id).calls[0].messages[0]["content"] == "from child"
+    assert store.count() == 2
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    store.close()
+
+
+def test_corrupt_foreign_and_unopenable_stores_are_refused_untouched(tmp_path):
+    corrupt = tmp_path / "corrupt.db"
+    corrupt.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(art.StoreError, match="not an SQLite database or it is corrupt"):
+        art.Store(corrupt)
+    assert corrupt.read_bytes() == b"this is not a database" * 100
+
+    foreign = tmp_path / "app.db"
+    with sqlite3.connect(foreign) as db:
+        db.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+        db.execute("INSERT INTO users VALUES (1, 'ada')")
+    before = foreign.read_bytes()
+    with pytest.raises(art.StoreError, match="another application .*users.*allow_foreign"):
+        art.Store(foreign)
+    assert foreign.read_bytes() == before
+    art.Store(foreign, allow_foreign=True).close()
+    with sqlite3.connect(foreign) as db:
+        assert db.execute("SELECT name FROM users").fetchall() == [("ada",)]
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(art.StoreError, match="cannot create the folder"):
+        art.Store(blocker / "sub" / "s.db")
+    with pytest.raises(art.StoreError, match="Install the database driver"):
+        art.Store("nosuchdb://host/db")
+
+
+def test_newer_schema_refused(tmp_path):
+    path = tmp_path / "s.db"
+    art.Store(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE art_meta SET value='99' WHERE key='schema_version'")
+    with pytest.raises(art.StoreError, match="newer artsdk"):
+        art.Store(path)
+
+
+def test_duplicate_write_fails_alone_and_is_saved_aside(tmp_path):
+    store = art.Store(tmp_path / "s.db")
+    t = multi_turn()
+    store.save(t)
+    others = [multi_turn() for _ in range(3)]
+    futures = [store.submit(t)] + [store.submit(o) for o in others]
+    with pytest.raises(art.StoreError, match=f"could not store trajectory {t.id}.*saved to"):
+        futures[0].result()
+    for f in futures[1:]:
+        f.result()  # the good ones in the same batch were written
+    assert store.count() == 4
+    saved = list((tmp_path / "unsaved").glob("*.json"))
+    assert len(saved) == 1 and t.id in saved[0].read_text()
+    t.reward = 5.0
+    store.save(t, replace=True)
+    assert store.get(t.id).reward == 5.0 and store.count() == 4
+    store.close()
+
+
+async def test_writes_do_not_block_the_event_loop(tmp_path):
+    import anyio
+
+    store = art.Store(tmp_path / "s.db")
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.sleep(0.001)
+
+    batch = [multi_turn() for _ in range(300)]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        await store.asave(batch)
+        tg.cancel_scope.cancel()
+    assert store.count() == 300
+    assert ticks >= 2  # the loop kept running while the writer thread committed
+    store.close()
+
+
+def test_unknown_url_scheme_and_default_location(tmp_path):
+    art.configure(home=str(tmp_path / "h"))
+    s = art.default_store()
+    assert s.path == tmp_path / "h" / "store.db"
+    with pytest.raises(art.StoreError, match="not a valid SQLAlchemy URL"):
+        art.Store("://nothing")
