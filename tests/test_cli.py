@@ -1,0 +1,62 @@
+"""The `artsdk` command, run as a real subprocess against a real store file."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import artsdk as art
+from artsdk.testing import trajectory
+
+
+def run(*args, cwd):
+    out = subprocess.run([sys.executable, "-m", "artsdk.cli", *args], capture_output=True,
+                         text=True, timeout=120, cwd=cwd)
+    return out.returncode, out.stdout, out.stderr
+
+
+@pytest.fixture
+def filled(tmp_path):
+    store = art.Store(tmp_path / "cli.db")
+    good = trajectory([{"role": "user", "content": "hello there"},
+                       {"role": "assistant", "content": "general kenobi"}],
+                      project="demo", model="m", step=1, rewards={"win": 0.75}, rollout="duel",
+                      outcome={"won": True})
+    bad = trajectory([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
+                     project="demo", error="it broke", rollout="duel")
+    store.save([good, bad])
+    store.close()
+    return tmp_path / "cli.db", good, bad
+
+
+def test_list_show_export(filled, tmp_path):
+    path, good, bad = filled
+    code, out, _ = run("trajectories", "list", "--store", str(path), cwd=tmp_path)
+    assert code == 0 and good.id[:10] in out and bad.id[:10] in out and "2 of 2 shown" in out
+    assert "0.750" in out and "error: Exception" in out
+    code, out, _ = run("trajectories", "list", "--store", str(path), "--errors", "--json", cwd=tmp_path)
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["id"] for r in rows] == [bad.id]
+    code, out, _ = run("trajectories", "show", good.id[:8], "--store", str(path), cwd=tmp_path)
+    assert code == 0 and "general kenobi" in out and "reward win = 0.7500" in out and '"won": true' in out
+    code, _, err = run("trajectories", "export", str(tmp_path / "e.jsonl"), "--store", str(path),
+                       "--min-reward", "0.5", cwd=tmp_path)
+    assert code == 0 and "wrote 1 trajectories" in err
+    assert json.loads((tmp_path / "e.jsonl").read_text())["id"] == good.id
+
+
+def test_errors_are_one_clear_line(filled, tmp_path):
+    path, _, _ = filled
+    code, _, err = run("trajectories", "show", "ffffffffff", "--store", str(path), cwd=tmp_path)
+    assert code == 2 and err.startswith("artsdk: StoreError: no trajectory 'ffffffffff'")
+    (tmp_path / "junk.db").write_bytes(b"junk" * 100)
+    code, _, err = run("trajectories", "list", "--store", str(tmp_path / "junk.db"), cwd=tmp_path)
+    assert code == 2 and "corrupt" in err and "Traceback" not in err
+
+
+def test_config_command_hides_the_key(tmp_path):
+    (tmp_path / "artsdk.toml").write_text('project = "p"\napi_key = "secret"\n')
+    code, out, _ = run("config", cwd=tmp_path)
+    data = json.loads(out)
+    assert code == 0 and data["project"] == "p" and data["api_key"] == "***"

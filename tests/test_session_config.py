@@ -1,0 +1,133 @@
+"""Settings precedence, and art.session routing calls to a backend's endpoint."""
+
+import pytest
+from openai import AsyncOpenAI
+
+import artsdk as art
+from tests.scripted_server import ScriptedServer
+
+pytestmark = pytest.mark.anyio
+
+
+def test_settings_precedence(tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text('[tool.artsdk]\nproject = "from-pyproject"\n')
+    assert art.configure().project == "from-pyproject"
+    (tmp_path / "artsdk.toml").write_text('project = "from-file"\nconcurrency = 8\nhome = "runs"\n'
+                                          '[backend_options]\ndevice = "cpu"\n')
+    s = art.configure()
+    assert (s.project, s.concurrency, s.backend_options) == ("from-file", 8, {"device": "cpu"})
+    assert s.home == str(tmp_path / "runs") and s.store_url == f"sqlite:///{tmp_path}/runs/store.db"
+    monkeypatch.setenv("ARTSDK_PROJECT", "from-env")
+    monkeypatch.setenv("ARTSDK_CONCURRENCY", "4")
+    s = art.configure()
+    assert (s.project, s.concurrency) == ("from-env", 4)
+    assert art.configure(project="from-code").project == "from-code"
+    assert art.configure(project=None).project == "from-env"
+
+
+def test_settings_found_in_a_parent_folder(tmp_path, monkeypatch):
+    (tmp_path / "artsdk.toml").write_text('backend = "remote"\n')
+    sub = tmp_path / "a" / "b"
+    sub.mkdir(parents=True)
+    monkeypatch.chdir(sub)
+    s = art.configure()
+    assert s.backend == "remote" and s.config_file == str(tmp_path / "artsdk.toml")
+
+
+def test_bad_settings_name_the_culprit(tmp_path, monkeypatch):
+    (tmp_path / "artsdk.toml").write_text('projet = "typo"\n')
+    with pytest.raises(art.ConfigError, match=r"unknown setting\(s\) \['projet'\] in .*artsdk.toml"):
+        art.configure()
+    (tmp_path / "artsdk.toml").write_text('concurrency = "lots"\n')
+    with pytest.raises(art.ConfigError, match="setting 'concurrency' is invalid.*'lots'"):
+        art.configure()
+    (tmp_path / "artsdk.toml").write_text('concurrency = [\n')
+    with pytest.raises(art.ConfigError, match="is not valid TOML"):
+        art.configure()
+    (tmp_path / "artsdk.toml").unlink()
+    monkeypatch.setenv("ARTSDK_BACKEND_OPTIONS", "{not json")
+    with pytest.raises(art.ConfigError, match="ARTSDK_BACKEND_OPTIONS must be a JSON object"):
+        art.configure()
+    monkeypatch.delenv("ARTSDK_BACKEND_OPTIONS")
+    with pytest.raises(art.ConfigError, match="unknown setting"):
+        art.configure(colour="blue")
+
+
+def test_unknown_backend_is_a_clear_error():
+    art.configure(backend="warp-drive")
+    with pytest.raises(art.BackendError, match="no backend named 'warp-drive'.*ARTSDK_BACKEND"):
+        art.load_backend()
+
+
+class ScriptedBackend:
+    """A Backend whose 'training' bumps the step its own inference server reports.
+
+    The local backend (a real model) is tested in its own suite; this one checks the
+    session plumbing: registration, routing, steps and what gets recorded.
+    """
+
+    def __init__(self, server):
+        self.server = server
+        self.trained = []
+        self.closed = False
+
+    async def register(self, model):
+        return art.Endpoint(base_url=self.server.base_url, api_key="backend-key", model=model.name)
+
+    async def train(self, model, groups, **config):
+        self.trained.append((groups, config))
+        step = len(self.trained)
+        self.server.set_step(step)
+        silent = sum(g.no_signal for g in groups)
+        return art.TrainResult(step=step, metrics={"loss": 0.5 / step}, checkpoint=f"ckpt/{step}",
+                               groups_trained=len(groups) - silent, groups_skipped=silent)
+
+    async def step(self, model):
+        return len(self.trained)
+
+    async def close(self):
+        self.closed = True
+
+
+async def test_session_routes_the_trainable_model_to_the_backend(server, art_store):
+    agent_client = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="user-key", max_retries=0)
+    other_client = AsyncOpenAI(base_url=server.base_url, api_key="user-key")
+
+    @art.rollout
+    async def agent(q: str):
+        r = await agent_client.chat.completions.create(model="ttt", messages=[{"role": "user", "content": q}])
+        return r.choices[0].message.content
+
+    @art.reward
+    def length(t):
+        return float(len(t.outcome))
+
+    with ScriptedServer() as backend_server:
+        backend = ScriptedBackend(backend_server)
+        model = art.TrainableModel("ttt", base_model="tiny", project="games")
+        assert isinstance(backend, art.Backend)
+        async with art.session(model, backend=backend) as run:
+            assert art.current_session() is run and run.step == 0
+            groups = await art.gather(agent, ["a", "bb"], group_size=2, rewards=[length])
+            assert groups[0][0].outcome == "echo: a"  # answered although the client's URL is dead
+            assert backend_server.requests[-1]["auth"] == "Bearer backend-key"
+            result = await run.train(groups, learning_rate=1e-4)
+            assert result.step == 1 == run.step and result.groups_skipped == 2
+            assert backend.trained[0][1] == {"learning_rate": 1e-4}
+            after = await agent.collect("ccc")
+            # calls for other models still go where their client points
+            r = await other_client.chat.completions.create(model="gpt", messages=[{"role": "user", "content": "x"}])
+            assert r.model == "gpt@0"
+        assert not backend.closed  # a backend passed in is the caller's to close
+        assert art.current_session() is None and "ttt" not in art.capture.routes
+
+    first = art_store.trajectories(group_id=groups[0].id)
+    assert {(t.project, t.model, t.step) for t in first} == {("games", "ttt", 0)}
+    assert after.step == 1 and after.calls[0].served_by == "ttt@1"
+    assert art_store.steps("games", "ttt")[0]["metrics"] == {"loss": 0.5}
+    assert art_store.checkpoints("games", "ttt") == [{"step": 1, "path": "ckpt/1", "metrics": {"loss": 0.5}}]
+    with pytest.raises(art.RolloutError, match="got no groups"):
+        async with art.session(model, backend=backend) as run:
+            await run.train([])
+    await agent_client.close()
+    await other_client.close()
