@@ -170,3 +170,10 @@ class ScriptedServer:
         self._server.should_exit = True
         self._thread.join(10)
         self._sock.close()
+
+
+if __name__ == "__main__":  # python -m tests.scripted_server PORT  (used by the benchmarks)
+    import sys
+
+    port = int(sys.argv[1]) if len(sys.argv) > 1 else 8765
+    uvicorn.run(make_app(), host="127.0.0.1", port=port, log_level="warning", access_log=False)

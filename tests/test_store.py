@@ -57,6 +57,8 @@ def test_filters_count_and_prefix_lookup(tmp_path):
     assert [t.id for t in store.trajectories(error=True)] == [ts[9].id]
     assert store.count(error=False) == 9
     assert len(store.trajectories(limit=3, offset=8)) == 2
+    assert [t.id for t in store.trajectories(ids=[ts[1].id, ts[3].id])] == [ts[1].id, ts[3].id]
+    assert store.trajectories(ids=[]) == []
     assert store.get(ts[4].id[:10]).id == ts[4].id
     with pytest.raises(art.StoreError, match="no trajectory"):
         store.get("f" * 32)

@@ -19,21 +19,22 @@ _STOP = object()
 
 
 class Job:
-    """Rows to write in one transaction, and the future that says it happened."""
+    """Rows to write (or a function writing them), and the future that says they were."""
 
-    __slots__ = ("write", "future", "describe", "dump")
+    __slots__ = ("rows", "future", "describe", "dump")
 
-    def __init__(self, write: Callable[[Any], None], describe: str,
-                 dump: Optional[Callable[[], str]] = None) -> None:
-        self.write = write
+    def __init__(self, rows: Any, describe: str, dump: Optional[Callable[[], str]] = None) -> None:
+        self.rows = rows
         self.future: Future[None] = Future()
         self.describe = describe
         self.dump = dump
 
 
 class Writer:
-    def __init__(self, begin: Callable[[], Any], unsaved_dir: Path, name: str) -> None:
+    def __init__(self, begin: Callable[[], Any], write: Callable[[Any, list[Job]], None],
+                 unsaved_dir: Path, name: str) -> None:
         self._begin = begin  # -> context manager yielding a connection in a transaction
+        self._write = write  # (connection, jobs) -> None: writes all the jobs' rows
         self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._unsaved_dir = unsaved_dir
         self._thread = threading.Thread(target=self._run, name=f"artsdk-store-{name}", daemon=True)
@@ -69,8 +70,7 @@ class Writer:
     def _commit(self, jobs: list[Job]) -> None:
         try:
             with self._begin() as conn:
-                for job in jobs:
-                    job.write(conn)
+                self._write(conn, jobs)
         except Exception:
             if len(jobs) == 1:
                 self._fail(jobs[0])

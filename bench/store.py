@@ -1,0 +1,140 @@
+"""Store throughput: write and read back 10,000 trajectories of 10 messages, next to raw
+``sqlite3`` ``executemany`` of the very same rows into the same schema (the limit).
+
+    python -m bench.store [--n 10000]
+
+"artsdk" starts from Trajectory objects and ends with them committed (write), or starts
+from the file and ends with Trajectory objects (read). "raw sqlite3" gets the rows already
+serialized and only inserts them in one transaction (write), or fetches the rows and
+decodes their JSON columns with the json module, building no objects (read). Writes bench/results/store.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import tempfile
+import time
+from pathlib import Path
+
+import artsdk as art
+from artsdk.store.rows import trajectory_rows
+from artsdk.testing import trajectory
+
+JSON_COLUMNS = {"scenario", "outcome", "warnings", "meta", "messages", "tools", "params", "usage",
+                "prompt_token_ids", "message", "token_ids", "logprobs"}
+TABLES = (("art_trajectories", 0), ("art_calls", 1), ("art_choices", 2), ("art_rewards", 3))
+
+
+def make(n: int) -> list[art.Trajectory]:
+    """Trajectories of 10 messages: 9 of request context and the sampled answer, with its
+    token ids and logprobs (what a training run stores)."""
+    out = []
+    for i in range(n):
+        msgs = [
+            {"role": "system", "content": "You play tic-tac-toe as X. Answer with a cell."},
+            {"role": "user", "content": f"game {i}: new board, you start"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "show_board", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": ". . . / . . . / . . ."},
+        ]
+        for k in range(2):
+            msgs.append({"role": "user", "content": f"board {i} turn {k}: . X O / . . X / O . ."})
+            msgs.append({"role": "assistant", "content": f"B{k}"})
+        msgs.append({"role": "user", "content": "your move"})
+        t = trajectory(calls=[msgs + [{"role": "assistant", "content": "C3"}]], project="bench",
+                       model="agent", step=i % 5, rollout="play", outcome={"winner": "x"},
+                       rewards={"won": 1.0, "moves": 0.25})
+        t.calls = t.calls[-1:]
+        t.calls[0].index = 0
+        t.calls[0].choices[0].token_ids = [34, 18]
+        t.calls[0].choices[0].logprobs = [-0.12, -0.05]
+        out.append(t)
+    return out
+
+
+def bench_artsdk(trajs: list[art.Trajectory], folder: Path, group: int) -> tuple[float, float]:
+    store = art.Store(folder / "artsdk.db")
+    t0 = time.perf_counter()
+    # as gather does: one submission per group, all in flight at once
+    futures = [store.submit(trajs[i:i + group]) for i in range(0, len(trajs), group)]
+    for f in futures:
+        f.result()
+    write = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    back = store.trajectories()
+    read = time.perf_counter() - t0
+    assert len(back) == len(trajs) and back[0].calls[0].choices[0].token_ids == [34, 18]
+    assert len(back[0].calls[0].messages) == 9
+    store.close()
+    return write, read
+
+
+def bench_raw(trajs: list[art.Trajectory], folder: Path) -> tuple[float, float]:
+    # same schema: let artsdk create the empty tables, then write with sqlite3 directly
+    art.Store(folder / "raw.db").close()
+    rows: list[list[tuple]] = [[], [], [], []]
+    columns: list[list[str]] = [[], [], [], []]
+    for t in trajs:
+        parts = trajectory_rows(t)
+        row_lists = [[parts[0]], parts[1], parts[2], parts[3]]
+        for k, lst in enumerate(row_lists):
+            for r in lst:
+                if not columns[k]:
+                    columns[k] = list(r)
+                rows[k].append(tuple(r.values()))
+    db = sqlite3.connect(folder / "raw.db")
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    t0 = time.perf_counter()
+    with db:
+        for (table, k) in TABLES:
+            cols = columns[k]
+            db.executemany(f"INSERT INTO {table} ({', '.join(cols)}) VALUES "
+                           f"({', '.join('?' * len(cols))})", rows[k])
+    write = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for table, _ in TABLES:
+        cur = db.execute(f"SELECT * FROM {table}")
+        names = [d[0] for d in cur.description]
+        as_json = [i for i, n in enumerate(names) if n in JSON_COLUMNS]
+        for row in cur.fetchall():
+            [json.loads(row[i]) for i in as_json if row[i] is not None]
+    read = time.perf_counter() - t0
+    db.close()
+    return write, read
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=10_000)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+    trajs = make(a.n)
+    best: dict[str, list[float]] = {"artsdk": [1e9, 1e9], "raw": [1e9, 1e9]}
+    for _ in range(a.repeat):
+        with tempfile.TemporaryDirectory() as d:
+            w, r = bench_artsdk(trajs, Path(d), a.group)
+            best["artsdk"] = [min(best["artsdk"][0], w), min(best["artsdk"][1], r)]
+            w, r = bench_raw(trajs, Path(d))
+            best["raw"] = [min(best["raw"][0], w), min(best["raw"][1], r)]
+    result = {
+        "trajectories": a.n, "messages_each": 10,
+        "artsdk_write_per_s": a.n / best["artsdk"][0], "raw_write_per_s": a.n / best["raw"][0],
+        "artsdk_read_per_s": a.n / best["artsdk"][1], "raw_read_per_s": a.n / best["raw"][1],
+    }
+    result["write_ratio"] = result["artsdk_write_per_s"] / result["raw_write_per_s"]
+    result["read_ratio"] = result["artsdk_read_per_s"] / result["raw_read_per_s"]
+    out = Path(__file__).parent / "results" / "store.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"write: artsdk {result['artsdk_write_per_s']:,.0f} traj/s, raw sqlite3 "
+          f"{result['raw_write_per_s']:,.0f} traj/s, ratio {result['write_ratio']:.2f}")
+    print(f"read:  artsdk {result['artsdk_read_per_s']:,.0f} traj/s, raw sqlite3 "
+          f"{result['raw_read_per_s']:,.0f} traj/s, ratio {result['read_ratio']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
