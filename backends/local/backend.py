@@ -1,0 +1,122 @@
+"""``LocalBackend``: the default backend. It serves each registered model on an
+OpenAI-compatible endpoint in this process and trains its LoRA adapter with GRPO, on the
+CPU or one GPU (chosen automatically; ``device="cpu"`` / ``"cuda"`` to override).
+
+```toml
+backend = "local"
+[backend_options]
+device = "auto"          # or "cpu", "cuda", "cuda:1"
+port = 0                 # 0: any free port on 127.0.0.1
+keep_checkpoints = 3     # newest N checkpoints kept (plus the best by best_metric, if set)
+```
+
+Model settings go in ``TrainableModel.config``: ``{"lora": {"rank": 8, "alpha": 16,
+"target_modules": "all-linear"}, "train": {"learning_rate": 1e-4, "loss": "cispo", ...}}``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import anyio
+
+from artsdk.backend import Endpoint, TrainableModel, TrainResult
+from artsdk.errors import BackendError
+from artsdk.trajectory import Group
+
+from .served import ServedModel
+from .trainer import TrainConfig
+
+log = logging.getLogger("artsdk.local")
+
+
+class LocalBackend:
+    """See the module docs. Implements ``artsdk.Backend``."""
+
+    def __init__(self, *, device: Optional[str] = "auto", dtype: Optional[str] = None,
+                 host: str = "127.0.0.1", port: int = 0, api_key: Optional[str] = None,
+                 home: Optional[str] = None, max_batch: int = 64, keep_checkpoints: int = 3,
+                 best_metric: Optional[str] = None, threads: Optional[int] = None,
+                 **train_defaults: Any) -> None:
+        from artsdk.config import settings
+
+        from . import models
+
+        self.device = models.pick_device(device)
+        self.dtype = models.pick_dtype(self.device, dtype)
+        self.home = Path(home or settings().home)
+        self.host, self.port, self.api_key = host, port, api_key
+        self.max_batch, self.keep_checkpoints, self.best_metric = max_batch, keep_checkpoints, best_metric
+        try:
+            self.train_defaults = TrainConfig.build(TrainConfig(), train_defaults)
+        except ValueError as e:
+            raise BackendError(f"local backend: {e}") from None
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        self.models: dict[str, ServedModel] = {}
+        self._server: Any = None
+        self._lock = threading.Lock()
+
+    # -- Backend protocol -----------------------------------------------------------------
+
+    async def register(self, model: TrainableModel) -> Endpoint:
+        served = self.models.get(model.name)
+        if served is None:
+            served = await anyio.to_thread.run_sync(self._load, model)
+        return Endpoint(base_url=self._ensure_server(), api_key=self.api_key or "artsdk", model=model.name)
+
+    def _load(self, model: TrainableModel) -> ServedModel:
+        with self._lock:
+            if model.name not in self.models:
+                try:
+                    self.models[model.name] = ServedModel(
+                        model, home=self.home, device=self.device, dtype=self.dtype,
+                        max_batch=self.max_batch, keep_checkpoints=self.keep_checkpoints,
+                        best_metric=self.best_metric, train_defaults=self.train_defaults)
+                except ValueError as e:
+                    raise BackendError(f"model {model.name!r}: {e}") from None
+            return self.models[model.name]
+
+    def _ensure_server(self) -> str:
+        from .server import ServerThread, build_app
+
+        with self._lock:
+            if self._server is None:
+                if self.host not in ("127.0.0.1", "localhost", "::1") and not self.api_key:
+                    log.warning("serving on %s without an API key: anyone who can reach it can use it",
+                                self.host)
+                self._server = ServerThread(build_app(lambda: self.models, self.api_key), self.host, self.port)
+            return self._server.base_url
+
+    async def train(self, model: TrainableModel, groups: Sequence[Group], **config: Any) -> TrainResult:
+        served = self.models.get(model.name)
+        if served is None:
+            raise BackendError(f"model {model.name!r} is not registered with this backend; open a session first")
+        try:
+            step, metrics, path = await anyio.to_thread.run_sync(served.train, list(groups), config)
+        except ValueError as e:
+            raise BackendError(f"training {model.name!r}: {e}") from None
+        return TrainResult(step=step, metrics=metrics, checkpoint=path,
+                           groups_trained=int(metrics.get("groups_trained", 0)),
+                           groups_skipped=int(metrics.get("groups_skipped", 0)))
+
+    async def step(self, model: TrainableModel) -> int:
+        served = self.models.get(model.name)
+        return served.step if served is not None else 0
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        for served in self.models.values():
+            served.close()
+        self.models.clear()
+
+    @property
+    def base_url(self) -> Optional[str]:
+        return self._server.base_url if self._server is not None else None

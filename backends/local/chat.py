@@ -1,0 +1,113 @@
+"""Between chat messages and tokens: prompts through the model's chat template, and the
+model's text back into content and tool calls.
+
+Tool calls use the Hermes / Qwen convention, ``<tool_call>{"name": ..., "arguments": {...}}
+</tool_call>``. A template that cannot render tools gets them described in a system message;
+text that looks like a tool call but does not parse stays content (never an error).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any, Optional
+
+from artsdk.errors import TrajectoryError
+from artsdk.trajectory import check_messages
+
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
+
+
+def _tools_prompt(tools: list[dict[str, Any]]) -> str:
+    lines = [json.dumps(t.get("function", t)) for t in tools]
+    return ("You may call these tools. To call one, answer with "
+            '<tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call>.\n<tools>\n'
+            + "\n".join(lines) + "\n</tools>")
+
+
+def _as_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, list):  # content parts: keep the text ones
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content)
+
+
+class ChatFormat:
+    """Renders messages for one tokenizer and parses its model's answers."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tok = tokenizer
+        template = tokenizer.chat_template or ""
+        self.native_tools = "tools" in template
+        self.native_tool_calls = "tool_calls" in template
+        found = [i for i in (tokenizer.convert_tokens_to_ids(t) for t in STOP_TOKENS)
+                 if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id]
+        # the token that ends an assistant turn in this template (appended when retokenizing)
+        self.end_id = found[0] if found else tokenizer.eos_token_id
+        self.stop_ids = sorted({i for i in (tokenizer.convert_tokens_to_ids(t) for t in STOP_TOKENS)
+                                if isinstance(i, int) and i != tokenizer.unk_token_id and i >= 0}
+                               | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()))
+
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]] = None) -> list[int]:
+        """Token ids of the prompt, ending where the assistant's answer starts."""
+        msgs = self._normalize(check_messages(messages), tools)
+        kwargs: dict[str, Any] = {"add_generation_prompt": True, "tokenize": False}
+        if tools and self.native_tools:
+            kwargs["tools"] = tools
+        try:
+            text = self.tok.apply_chat_template(msgs, **kwargs)
+        except Exception as e:  # a template raising on unusual messages
+            raise TrajectoryError(f"the chat template could not render these messages: {e}") from None
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def _normalize(self, messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        out = []
+        for m in messages:
+            m = dict(m)
+            if not self.native_tool_calls:
+                text = _as_text(m.get("content"))
+                for tc in m.pop("tool_calls", None) or ():
+                    fn = tc.get("function", {})
+                    args = fn.get("arguments", "{}")
+                    text += f'<tool_call>{{"name": {json.dumps(fn.get("name"))}, "arguments": {args}}}</tool_call>'
+                if m.get("role") == "tool":
+                    m["role"] = "user"
+                    text = f"<tool_response>\n{text}\n</tool_response>"
+                    m.pop("tool_call_id", None)
+                m["content"] = text
+            elif m.get("content") is None:
+                m["content"] = ""
+            out.append(m)
+        if tools and not self.native_tools:
+            sys_text = _tools_prompt(tools)
+            if out and out[0].get("role") == "system":
+                out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + sys_text}
+            else:
+                out.insert(0, {"role": "system", "content": sys_text})
+        return out
+
+    def parse(self, text: str, tools: Optional[list[dict[str, Any]]]) -> tuple[Optional[str], Optional[list[dict[str, Any]]]]:
+        """(content, tool_calls) of an answer. Tool calls are parsed only when tools were
+        offered; a malformed one is left in the content."""
+        if not tools or "<tool_call>" not in text:
+            return text, None
+        names = {(t.get("function") or t).get("name") for t in tools}
+        calls = []
+        for raw in _TOOL_CALL.findall(text):
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                return text, None
+            if not isinstance(obj, dict) or obj.get("name") not in names:
+                return text, None
+            args = obj.get("arguments", {})
+            calls.append({"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                          "function": {"name": obj["name"],
+                                       "arguments": args if isinstance(args, str) else json.dumps(args)}})
+        if not calls:
+            return text, None
+        rest = _TOOL_CALL.sub("", text).strip()
+        return (rest or None), calls

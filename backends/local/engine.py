@@ -1,0 +1,252 @@
+"""The inference engine: one thread that batches concurrent requests into shared forward
+passes and samples tokens, recording each sampled token id and its logprob.
+
+Requests that arrive while a batch is running wait for the next batch (dynamic batching).
+Each request is pinned to the adapter step that was newest when it arrived, so a request in
+flight when a new adapter is published finishes on the one it started with.
+
+The model is shared with the trainer; ``lock`` keeps a training step and a generation
+batch from running on it at the same time.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+log = logging.getLogger("artsdk.local")
+
+
+@dataclass
+class Completion:
+    """One sampled answer."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    finish_reason: Optional[str] = None
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    max_tokens: int
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: Optional[int] = None
+    # streaming: called from the engine thread as (choice index, token id, logprob, new text)
+    on_token: Optional[Callable[[int, int, float, str], None]] = None
+    step: int = 0
+    future: "Future[list[Completion]]" = field(default_factory=Future)
+
+
+@dataclass
+class _Seq:
+    req: Request
+    index: int
+    out: Completion = field(default_factory=Completion)
+    done: bool = False
+    generator: Optional[torch.Generator] = None
+    sent: int = 0  # characters of out.text already streamed
+
+
+class Engine:
+    def __init__(self, model: Any, tokenizer: Any, stop_ids: list[int], device: str, *,
+                 max_batch: int = 64, adapter_for: Callable[[int], Optional[str]] = lambda s: None) -> None:
+        self.model = model
+        self.tok = tokenizer
+        self.stop_ids = set(stop_ids)
+        self.device = device
+        self.max_batch = max_batch
+        self.adapter_for = adapter_for  # step -> adapter name (None: the base model)
+        self.lock = threading.RLock()
+        self.in_use: dict[int, int] = {}  # step -> sequences running on it
+        self._queue: "queue.Queue[Optional[Request]]" = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="artsdk-engine", daemon=True)
+        self._thread.start()
+        self.stats = {"batches": 0, "sequences": 0, "tokens": 0}
+
+    def submit(self, req: Request) -> "Future[list[Completion]]":
+        if not self._thread.is_alive():
+            raise RuntimeError("the inference engine has stopped")
+        self._queue.put(req)
+        return req.future
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(30)
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            time.sleep(0.002)  # let requests that arrive together share the batch
+            while sum(r.n for r in batch) < self.max_batch:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._queue.put(None)
+                    break
+                batch.append(nxt)
+            by_step: dict[int, list[Request]] = {}
+            for r in batch:
+                by_step.setdefault(r.step, []).append(r)
+            for step, reqs in sorted(by_step.items()):
+                try:
+                    self._generate(reqs, step)
+                except Exception as e:  # noqa: BLE001 - reported to every waiting request
+                    log.exception("generation failed")
+                    for r in reqs:
+                        if not r.future.done():
+                            r.future.set_exception(e)
+
+    @torch.no_grad()
+    def _generate(self, reqs: list[Request], step: int) -> None:
+        seqs = []
+        for r in reqs:
+            for i in range(r.n):
+                g = None
+                if r.seed is not None:
+                    g = torch.Generator(device="cpu").manual_seed(r.seed + i)
+                seqs.append(_Seq(r, i, generator=g))
+        with self.lock:
+            self.in_use[step] = self.in_use.get(step, 0) + len(seqs)
+            try:
+                self._decode(seqs, step)
+            finally:
+                self.in_use[step] -= len(seqs)
+        for r in reqs:
+            r.future.set_result([s.out for s in seqs if s.req is r])
+        self.stats["batches"] += 1
+        self.stats["sequences"] += len(seqs)
+
+    def _decode(self, seqs: list[_Seq], step: int) -> None:
+        model = self.model
+        adapter = self.adapter_for(step)
+        if adapter is None:
+            ctx: Any = model.disable_adapter() if hasattr(model, "disable_adapter") else _null()
+        else:
+            model.set_adapter(adapter)
+            ctx = _null()
+        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
+        width = max(len(s.req.prompt) for s in seqs)
+        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for row, s in enumerate(seqs):  # left padding: every prompt ends at the same column
+            ids[row, width - len(s.req.prompt):] = torch.tensor(s.req.prompt)
+            mask[row, width - len(s.req.prompt):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        temps = torch.tensor([s.req.temperature for s in seqs], dtype=torch.float32, device=self.device)
+        top_ps = torch.tensor([s.req.top_p for s in seqs], dtype=torch.float32, device=self.device)
+        budget = max(s.req.max_tokens for s in seqs)
+        alive = list(range(len(seqs)))  # rows of the running batch -> index into seqs
+        with ctx:
+            out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+            past = out.past_key_values
+            for _ in range(budget):
+                logits = out.logits[:, -1, :].float()
+                tokens, logprobs = self._sample(logits, temps, top_ps, [seqs[i] for i in alive])
+                finished_rows = []
+                for row, i in enumerate(alive):
+                    s = seqs[i]
+                    if self._append(s, int(tokens[row]), float(logprobs[row])):
+                        finished_rows.append(row)
+                self.stats["tokens"] += len(alive)
+                if finished_rows:
+                    keep = [r for r in range(len(alive)) if r not in set(finished_rows)]
+                    if not keep:
+                        return
+                    alive = [alive[r] for r in keep]
+                    index = torch.tensor(keep, device=self.device)
+                    tokens, mask, pos = tokens[index], mask[index], pos[index]
+                    temps, top_ps = temps[index], top_ps[index]
+                    past.batch_select_indices(index)
+                mask = torch.cat([mask, torch.ones((len(alive), 1), dtype=mask.dtype, device=self.device)], 1)
+                pos = pos[:, -1:] + 1
+                out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=pos,
+                            past_key_values=past, use_cache=True)
+        for i in alive:  # ran out of budget
+            if not seqs[i].done:
+                seqs[i].out.finish_reason = "length"
+                seqs[i].done = True
+
+    def _sample(self, logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor,
+                seqs: list[_Seq]) -> tuple[torch.Tensor, torch.Tensor]:
+        # logprobs are the model's own (temperature 1), what the trainer recomputes
+        logprobs_all = torch.log_softmax(logits, dim=-1)
+        greedy = temps <= 0
+        scaled = logits / temps.clamp(min=1e-5)[:, None]
+        probs = torch.softmax(scaled, dim=-1)
+        if bool((top_ps < 1.0).any()):
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            over = (sorted_p.cumsum(-1) - sorted_p) > top_ps[:, None]
+            sorted_p = sorted_p.masked_fill(over, 0.0)
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+            probs = probs / probs.sum(-1, keepdim=True)
+        if any(s.generator is not None for s in seqs):
+            picked = torch.stack([
+                torch.multinomial(probs[r].cpu(), 1, generator=s.generator)[0] for r, s in enumerate(seqs)
+            ]).to(logits.device)
+        else:
+            picked = torch.multinomial(probs, 1)[:, 0]
+        tokens = torch.where(greedy, logits.argmax(-1), picked)
+        return tokens, logprobs_all.gather(-1, tokens[:, None])[:, 0]
+
+    def _append(self, s: _Seq, token: int, logprob: float) -> bool:
+        """Add a sampled token (and stream what text it completes); True when finished."""
+        out, req = s.out, s.req
+        out.token_ids.append(token)
+        out.logprobs.append(logprob)
+        reason = None
+        if token in self.stop_ids:
+            reason = "stop"  # the stop token is trained on (it was sampled), never shown
+        else:
+            text = self.tok.decode([t for t in out.token_ids if t not in self.stop_ids],
+                                   skip_special_tokens=False)
+            for stop in req.stop:
+                cut = text.find(stop) if stop else -1
+                if cut != -1:
+                    text, reason = text[:cut], "stop"
+                    break
+            out.text = text
+            if reason is None and len(out.token_ids) >= req.max_tokens:
+                reason = "length"
+        if req.on_token is not None:
+            # hold back what could still become a stop string or an unfinished character
+            upto = len(out.text)
+            if reason is None:
+                upto -= max((len(x) for x in req.stop), default=1) - 1
+                while upto > s.sent and out.text[upto - 1] == "\ufffd":
+                    upto -= 1
+            upto = max(upto, s.sent)
+            req.on_token(s.index, token, logprob, out.text[s.sent:upto])
+            s.sent = upto
+        if reason is not None:
+            out.finish_reason = reason
+            s.done = True
+            return True
+        return False
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None

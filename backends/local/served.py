@@ -1,0 +1,125 @@
+"""One trainable model held by the local backend: base model + LoRA adapters, tokenizer,
+inference engine, optimizer and checkpoints.
+
+Adapters: ``policy`` is the one the optimizer updates; after each step its weights are
+copied into a serving adapter ``s<step>``. Requests are pinned to the newest step when they
+arrive; serving adapters no request uses any more are deleted. Step 0 is the base model.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from artsdk.backend import TrainableModel
+
+from . import models
+from .chat import ChatFormat
+from .checkpoints import Checkpoints
+from .engine import Engine
+from .trainer import TrainConfig, train_step
+
+log = logging.getLogger("artsdk.local")
+
+LORA_DEFAULTS = {"rank": 8, "alpha": 16, "target_modules": "all-linear", "dropout": 0.0}
+
+
+class ServedModel:
+    def __init__(self, spec: TrainableModel, *, home: Path, device: str, dtype: Any,
+                 max_batch: int, keep_checkpoints: int, best_metric: Optional[str],
+                 train_defaults: TrainConfig) -> None:
+        from peft import LoraConfig, get_peft_model
+
+        self.spec = spec
+        self.device = device
+        lora = {**LORA_DEFAULTS, **spec.config.get("lora", {})}
+        base, self.tokenizer = models.load(spec.base_model, home / "models", device, dtype)
+        self.context_length = int(getattr(base.config, "max_position_embeddings", 2048) or 2048)
+        self.lora_config = LoraConfig(r=int(lora["rank"]), lora_alpha=int(lora["alpha"]),
+                                      target_modules=lora["target_modules"], lora_dropout=float(lora["dropout"]),
+                                      bias="none", task_type="CAUSAL_LM")
+        self.model = get_peft_model(base, self.lora_config, adapter_name="policy")
+        self.model.eval()
+        self.chat = ChatFormat(self.tokenizer)
+        params = [p for n, p in self.model.named_parameters() if "lora_" in n and ".policy." in n]
+        self.train_config = TrainConfig.build(train_defaults, spec.config.get("train", {}))
+        self.optimizer = torch.optim.AdamW(params, lr=self.train_config.learning_rate,
+                                           weight_decay=self.train_config.weight_decay)
+        self.checkpoints = Checkpoints(home / spec.project / spec.name / "checkpoints")
+        self.keep_checkpoints = keep_checkpoints
+        self.best_metric = best_metric
+        self.step = 0
+        self.serving: set[int] = {0}
+        self._train_lock = threading.Lock()  # one training step at a time per model
+        latest = self.checkpoints.latest()
+        if latest is not None:
+            state = self.checkpoints.load(latest, self.model, self.optimizer)
+            self.step = int(state["step"])
+            self._publish(self.step)
+            log.info("%s: resumed from checkpoint step %d", spec.name, self.step)
+        self.engine = Engine(self.model, self.tokenizer, self.chat.stop_ids, device,
+                             max_batch=max_batch, adapter_for=self._adapter_for)
+
+    # -- adapters -----------------------------------------------------------------------
+
+    def _adapter_for(self, step: int) -> Optional[str]:
+        return None if step == 0 else f"s{step}"
+
+    def _publish(self, step: int) -> None:
+        """Copy the trained weights into serving adapter ``s<step>`` (caller holds the
+        engine lock, or the engine is not running yet)."""
+        name = f"s{step}"
+        if name not in self.model.peft_config:
+            self.model.add_adapter(name, self.lora_config)
+        src = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for key, p in self.model.named_parameters():
+                if f".{name}." in key:
+                    p.copy_(src[key.replace(f".{name}.", ".policy.")])
+        self.serving.add(step)
+
+    def _retire(self) -> None:
+        in_use = self.engine.in_use
+        for step in sorted(self.serving):
+            if step not in (0, self.step) and in_use.get(step, 0) == 0:
+                self.model.delete_adapter(f"s{step}")
+                self.serving.discard(step)
+
+    # -- training -----------------------------------------------------------------------
+
+    def train(self, groups: list[Any], overrides: dict[str, Any]) -> tuple[int, dict[str, float], str]:
+        cfg = TrainConfig.build(self.train_config, overrides)
+        for g in self.optimizer.param_groups:
+            g["lr"] = cfg.learning_rate
+        with self._train_lock:
+            with self.engine.lock:
+                self.model.set_adapter("policy")
+                metrics = train_step(
+                    self.model, self.optimizer, groups, cfg,
+                    prompt_ids=lambda call: self.chat.prompt_ids(call.messages, call.tools),
+                    completion_ids=self._completion_ids, device=self.device,
+                    reference=self.model.disable_adapter,
+                )
+                step = self.step + 1
+                path = self.checkpoints.save(step, self.model, self.optimizer,
+                                             {"metrics": metrics, "model": self.spec.model_dump()})
+                self._publish(step)
+                self.step = step
+                self._retire()
+            self.checkpoints.prune(self.keep_checkpoints, self.best_metric)
+        return step, metrics, str(path)
+
+    def _completion_ids(self, choice: Any) -> list[int]:
+        text = choice.message.get("content") or ""
+        for tc in choice.message.get("tool_calls") or ():
+            fn = tc.get("function", {})
+            text += f'<tool_call>{{"name": "{fn.get("name")}", "arguments": {fn.get("arguments")}}}</tool_call>'
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return ids + [self.chat.end_id]
+
+    def close(self) -> None:
+        self.engine.close()

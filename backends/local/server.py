@@ -1,0 +1,249 @@
+"""The OpenAI-compatible HTTP server of the local backend (FastAPI + uvicorn).
+
+Every choice carries ``token_ids`` and per-token ``logprobs``; the response names the model
+as ``name@step`` and carries ``prompt_token_ids``, so captured trajectories train on exactly
+the tokens that were sampled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import socket
+import threading
+import time
+import uuid
+from typing import Any, Callable, Optional, Union
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+
+from artsdk.errors import TrajectoryError
+
+from .engine import Completion
+from .engine import Request as GenRequest
+from .served import ServedModel
+
+MAX_BODY = 16 * 1024 * 1024
+DEFAULT_MAX_TOKENS = 1024
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # unknown OpenAI parameters are accepted and ignored
+
+    model: str
+    messages: list[dict[str, Any]]
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: Optional[int] = None
+    max_completion_tokens: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    seed: Optional[int] = None
+    n: int = 1
+    stream: bool = False
+    stream_options: Optional[dict[str, Any]] = None
+    logprobs: Optional[bool] = None
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: Optional[str] = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.param = param
+        self.status = status
+
+
+def _error(status: int, message: str, param: Optional[str] = None, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
+                        status_code=status)
+
+
+def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[str] = None) -> FastAPI:
+    app = FastAPI(title="artsdk local backend", version="1")
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Any:
+        if api_key is not None and request.url.path != "/health":
+            given = request.headers.get("authorization", "")
+            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                return _error(401, "missing or wrong API key (Authorization: Bearer <key>)", kind="authentication_error")
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_BODY:
+            return _error(413, f"request body of {length} bytes is over the limit of {MAX_BODY}")
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"] if x != "body")
+        return _error(400, f"{where}: {first['msg']}", param=where)
+
+    @app.exception_handler(BadRequest)
+    async def bad(_: Request, exc: BadRequest) -> JSONResponse:
+        return _error(exc.status, str(exc), exc.param)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        data = []
+        for name, m in models().items():
+            data.append({"id": name, "object": "model", "owned_by": "artsdk", "root": m.spec.base_model,
+                         "step": m.step})
+            for step in sorted(m.serving):
+                data.append({"id": f"{name}@{step}", "object": "model", "owned_by": "artsdk",
+                             "root": m.spec.base_model, "step": step})
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest) -> Any:
+        served, step = _resolve(models(), body.model)
+        if body.n < 1 or body.n > 64:
+            raise BadRequest(f"n must be between 1 and 64, got {body.n}", "n")
+        try:
+            prompt = served.chat.prompt_ids(body.messages, body.tools)
+        except TrajectoryError as e:
+            raise BadRequest(str(e), "messages") from None
+        room = served.context_length - len(prompt)
+        if room <= 0:
+            raise BadRequest(f"the prompt is {len(prompt)} tokens, longer than the model's context of "
+                             f"{served.context_length}; shorten the conversation", "messages")
+        asked = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS
+        if asked < 1:
+            raise BadRequest(f"max_tokens must be at least 1, got {asked}", "max_tokens")
+        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        req = GenRequest(prompt=prompt, max_tokens=min(asked, room), n=body.n, temperature=body.temperature,
+                         top_p=body.top_p, stop=stops, seed=body.seed, step=step)
+        name = f"{served.spec.name}@{step}"
+        if body.stream:
+            return StreamingResponse(_stream(served, req, body, name), media_type="text/event-stream")
+        outs = await asyncio.wrap_future(served.engine.submit(req))
+        choices = [_choice(served, i, c, body.tools) for i, c in enumerate(outs)]
+        completion_tokens = sum(len(c.token_ids) for c in outs)
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": name, "choices": choices, "prompt_token_ids": prompt,
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": completion_tokens,
+                      "total_tokens": len(prompt) + completion_tokens},
+        }
+
+    return app
+
+
+def _resolve(models: dict[str, ServedModel], requested: str) -> tuple[ServedModel, int]:
+    name, _, step_text = requested.partition("@")
+    served = models.get(name)
+    if served is None:
+        known = ", ".join(sorted(models)) or "none registered"
+        raise BadRequest(f"unknown model {requested!r}; this server has: {known}", "model")
+    if not step_text:
+        return served, served.step
+    if not step_text.isdigit() or int(step_text) not in served.serving:
+        raise BadRequest(f"{requested!r}: step {step_text} is not being served "
+                         f"(serving {sorted(served.serving)}); ask for {name!r} for the newest", "model")
+    return served, int(step_text)
+
+
+def _logprob_content(served: ServedModel, ids: list[int], lps: list[float]) -> list[dict[str, Any]]:
+    return [{"token": served.tokenizer.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
+            for t, lp in zip(ids, lps)]
+
+
+def _choice(served: ServedModel, index: int, c: Completion, tools: Optional[list[dict[str, Any]]]) -> dict[str, Any]:
+    content, tool_calls = served.chat.parse(c.text, tools)
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {
+        "index": index, "message": message,
+        "finish_reason": "tool_calls" if tool_calls else (c.finish_reason or "stop"),
+        "logprobs": {"content": _logprob_content(served, c.token_ids, c.logprobs)},
+        "token_ids": c.token_ids,
+    }
+
+
+async def _stream(served: ServedModel, req: GenRequest, body: ChatRequest, name: str) -> Any:
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[Any] = asyncio.Queue()
+    req.on_token = lambda i, tok, lp, text: loop.call_soon_threadsafe(events.put_nowait, (i, tok, lp, text))
+    future = served.engine.submit(req)
+    future.add_done_callback(lambda f: loop.call_soon_threadsafe(events.put_nowait, None))
+    cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    buffered = bool(body.tools)  # tool calls are parsed from the whole answer, sent at the end
+
+    def chunk(i: int, delta: dict[str, Any], finish: Optional[str] = None, ids: Optional[list[int]] = None,
+              lps: Optional[list[float]] = None, extra: Optional[dict[str, Any]] = None) -> str:
+        choice: dict[str, Any] = {"index": i, "delta": delta, "finish_reason": finish}
+        if ids:
+            choice["token_ids"] = ids
+            choice["logprobs"] = {"content": _logprob_content(served, ids, lps or [])}
+        data = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
+                "choices": [choice], **(extra or {})}
+        return f"data: {json.dumps(data)}\n\n"
+
+    for i in range(req.n):
+        yield chunk(i, {"role": "assistant", "content": ""}, extra={"prompt_token_ids": req.prompt} if i == 0 else None)
+    while True:
+        ev = await events.get()
+        if ev is None:
+            break
+        i, tok, lp, text = ev
+        delta = {} if buffered or not text else {"content": text}
+        yield chunk(i, delta, ids=[tok], lps=[lp])
+    try:
+        outs = future.result()
+    except Exception as e:  # noqa: BLE001 - the stream is already open: report in-band
+        yield f"data: {json.dumps({'error': {'message': f'generation failed: {e}', 'type': 'server_error'}})}\n\n"
+        return
+    for i, c in enumerate(outs):
+        finish = c.finish_reason or "stop"
+        if buffered:
+            content, tool_calls = served.chat.parse(c.text, body.tools)
+            delta: dict[str, Any] = {}
+            if content:
+                delta["content"] = content
+            if tool_calls:
+                delta["tool_calls"] = [{"index": k, **tc} for k, tc in enumerate(tool_calls)]
+                finish = "tool_calls"
+            if delta:
+                yield chunk(i, delta)
+        yield chunk(i, {}, finish)
+    if (body.stream_options or {}).get("include_usage"):
+        done = sum(len(c.token_ids) for c in outs)
+        usage = {"prompt_tokens": len(req.prompt), "completion_tokens": done,
+                 "total_tokens": len(req.prompt) + done}
+        yield f"data: {json.dumps({'id': cid, 'object': 'chat.completion.chunk', 'created': created, 'model': name, 'choices': [], 'usage': usage})}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+class ServerThread:
+    """uvicorn in a background thread, bound to ``host`` (127.0.0.1 unless told otherwise)."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+        import uvicorn
+
+        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self.host, self.port = host, self._sock.getsockname()[1]
+        self.base_url = f"http://{host}:{self.port}/v1"
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
+                                        name="artsdk-server", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the inference server did not start on {host}:{self.port}")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(15)
+        self._sock.close()
