@@ -1,0 +1,79 @@
+"""The training loop every example shares: evaluate, train for some steps, evaluate again.
+
+    python -m examples.tic_tac_toe.train [--steps 5] [--base-model tiny] [--config FILE]
+
+Settings come from the example's config.toml; the backend (local by default, or remote) and
+the store come from the usual artsdk settings, so ``ARTSDK_BACKEND=remote`` switches it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import artsdk as art
+
+
+def load_config(path: Path, argv: Sequence[str] | None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", type=Path, default=path)
+    ap.add_argument("--steps", type=int)
+    ap.add_argument("--base-model")
+    ap.add_argument("--group-size", type=int)
+    ap.add_argument("--scenarios-per-step", type=int)
+    ap.add_argument("--eval-games", type=int)
+    a = ap.parse_args(argv)
+    cfg = tomllib.loads(a.config.read_text())
+    for key in ("steps", "base_model", "group_size", "scenarios_per_step", "eval_games"):
+        if getattr(a, key) is not None:
+            cfg[key] = getattr(a, key)
+    return cfg
+
+
+async def evaluate(rollout: art.Rollout, scenarios: list[Any], rewards: list[Any]) -> float:
+    groups = await art.gather(rollout, scenarios, group_size=1, rewards=rewards)
+    scored = [t.reward for g in groups for t in g.scored]
+    return sum(scored) / len(scored) if scored else float("nan")
+
+
+async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
+                make_scenarios: Callable[[int, int], list[Any]]) -> dict[str, Any]:
+    art.configure(project=cfg["project"])
+    model = art.TrainableModel(cfg["model"], base_model=cfg["base_model"], project=cfg["project"],
+                               config={"train": {"learning_rate": cfg.get("learning_rate", 1e-4),
+                                                 "loss": cfg.get("loss", "cispo")}})
+    t0 = time.monotonic()
+    print(f"{cfg['project']}: training {model.name} from {model.base_model} "
+          f"({art.settings().backend} backend, store {art.settings().store_url})", flush=True)
+    async with art.session(model) as run:
+        held_out = make_scenarios(cfg.get("eval_games", 16), 10_000)
+        before = await evaluate(rollout, held_out, rewards)
+        print(f"eval before: mean reward {before:.3f} over {len(held_out)} games", flush=True)
+        history = []
+        for step in range(cfg["steps"]):
+            groups = await art.gather(rollout, make_scenarios(cfg["scenarios_per_step"], step),
+                                      group_size=cfg["group_size"], rewards=rewards)
+            mean = sum(t.reward for g in groups for t in g.scored) / max(1, sum(len(g.scored) for g in groups))
+            result = await run.train(groups)
+            m = result.metrics
+            history.append({"step": result.step, "reward": mean, **m})
+            print(f"step {result.step}: reward {mean:.3f}  loss {m.get('loss', 0):+.4f}  "
+                  f"groups trained {result.groups_trained} skipped {result.groups_skipped}  "
+                  f"tokens {int(m.get('tokens_trained', 0))}  {m.get('seconds', 0):.1f}s", flush=True)
+        after = await evaluate(rollout, held_out, rewards)
+        print(f"eval after {cfg['steps']} steps: mean reward {after:.3f} over {len(held_out)} games "
+              f"(before {before:.3f}); {time.monotonic() - t0:.0f}s in all", flush=True)
+    return {"before": before, "after": after, "history": history}
+
+
+def main(config_path: Path, rollout: art.Rollout, rewards: list[Any],
+         make_scenarios: Callable[[int, int], list[Any]], argv: Sequence[str] | None = None) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    cfg = load_config(config_path, argv if argv is not None else sys.argv[1:])
+    asyncio.run(train(cfg, rollout, rewards, make_scenarios))

@@ -1,0 +1,18 @@
+"""Train the tic-tac-toe agent: ``python -m examples.tic_tac_toe.train``."""
+
+from pathlib import Path
+
+from examples.runner import main
+
+from .agent import legal_moves, play, result
+from .game import scenarios
+
+CONFIG = Path(__file__).with_name("config.toml")
+
+
+def make_scenarios(n: int, seed: int, opponent: str = "random"):
+    return scenarios(n, seed=seed, opponent=opponent)
+
+
+if __name__ == "__main__":
+    main(CONFIG, play, [result, legal_moves], make_scenarios)
