@@ -56,6 +56,26 @@ def test_answer_carries_exact_tokens_and_step(client, backend):
     assert again.choices[0].model_extra["token_ids"] == ids
 
 
+def test_min_tokens_holds_back_stop_tokens(client, backend):
+    be, _ = backend
+    engine = be.models["tiny-agent"].engine
+    greedy = client.chat.completions.create(model="tiny-agent", messages=user("hi"), max_tokens=4, temperature=0)
+    first = greedy.choices[0].model_extra["token_ids"][0]
+    saved = set(engine.stop_ids)
+    engine.stop_ids = saved | {first}  # make the greedy first token a stop token
+    try:
+        stopped = client.chat.completions.create(model="tiny-agent", messages=user("hi"), max_tokens=4,
+                                                 temperature=0)
+        assert stopped.choices[0].model_extra["token_ids"] == [first]
+        assert stopped.choices[0].finish_reason == "stop"
+        held = client.chat.completions.create(model="tiny-agent", messages=user("hi"), max_tokens=4,
+                                              temperature=0, extra_body={"min_tokens": 3})
+        ids = held.choices[0].model_extra["token_ids"]
+        assert len(ids) >= 3 and first not in ids[:3]
+    finally:
+        engine.stop_ids = saved
+
+
 def test_stream_n_and_stop(client):
     chunks = list(client.chat.completions.create(model="tiny-agent", messages=user("stream"), max_tokens=10,
                                                  stream=True, seed=1, n=2,

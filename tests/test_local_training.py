@@ -169,6 +169,10 @@ async def test_resume_matches_an_uninterrupted_run_and_retention(tmp_path):
     assert {"adapter_config.json", "adapter_model.safetensors", "optimizer.pt", "trainer_state.json"} <= {
         p.name for p in (ckpts / "3").iterdir()}
     await resumed.close()
+    other = make_backend(tmp_path / "b")
+    with pytest.raises(art.BackendError, match="trained from base model 'tiny', not '.*elsewhere'"):
+        await other.register(art.TrainableModel("r", base_model=str(tmp_path / "elsewhere"), project="res"))
+    await other.close()
 
 
 async def test_in_flight_request_keeps_its_adapter(tmp_path):

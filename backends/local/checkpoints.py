@@ -59,6 +59,10 @@ class Checkpoints:
         tmp.replace(final)
         return final
 
+    def state(self, step: int) -> dict[str, Any]:
+        """The trainer state saved with a step (its metrics, the model it belongs to)."""
+        return json.loads((self.path(step) / "trainer_state.json").read_text())
+
     def load(self, step: int, model: Any, optimizer: Any) -> dict[str, Any]:
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
@@ -69,7 +73,7 @@ class Checkpoints:
         extra = torch.load(folder / "optimizer.pt", weights_only=False)
         optimizer.load_state_dict(extra["optimizer"])
         torch.set_rng_state(extra["rng"])
-        return json.loads((folder / "trainer_state.json").read_text())
+        return self.state(step)
 
     def prune(self, keep_last: int, best_metric: Optional[str] = None, higher_is_better: bool = True) -> list[int]:
         """Delete all but the last ``keep_last`` checkpoints (and the best by
@@ -79,7 +83,7 @@ class Checkpoints:
         if best_metric:
             scored = []
             for s in steps:
-                m = json.loads((self.path(s) / "trainer_state.json").read_text()).get("metrics", {})
+                m = self.state(s).get("metrics", {})
                 if isinstance(m.get(best_metric), (int, float)):
                     scored.append((m[best_metric], s))
             if scored:

@@ -12,6 +12,7 @@ batch from running on it at the same time.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -43,6 +44,7 @@ class Request:
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
     seed: Optional[int] = None
+    min_tokens: int = 0  # stop tokens are not sampled before this many tokens
     # streaming: called from the engine thread as (choice index, token id, logprob, new text)
     on_token: Optional[Callable[[int, int, float, str], None]] = None
     step: int = 0
@@ -190,6 +192,10 @@ class Engine:
                 seqs: list[_Seq]) -> tuple[torch.Tensor, torch.Tensor]:
         # logprobs are the model's own (temperature 1), what the trainer recomputes
         logprobs_all = torch.log_softmax(logits, dim=-1)
+        young = [r for r, s in enumerate(seqs) if len(s.out.token_ids) < s.req.min_tokens]
+        if young and self.stop_ids:
+            logits = logits.clone()
+            logits[torch.tensor(young)[:, None], torch.tensor(sorted(self.stop_ids))[None, :]] = -math.inf
         greedy = temps <= 0
         scaled = logits / temps.clamp(min=1e-5)[:, None]
         probs = torch.softmax(scaled, dim=-1)

@@ -16,6 +16,7 @@ from typing import Any, Optional
 import torch
 
 from artsdk.backend import TrainableModel
+from artsdk.errors import BackendError
 
 from . import models
 from .chat import ChatFormat
@@ -36,6 +37,15 @@ class ServedModel:
 
         self.spec = spec
         self.device = device
+        self.checkpoints = Checkpoints(home / spec.project / spec.name / "checkpoints")
+        latest = self.checkpoints.latest()
+        if latest is not None:  # checked before the (slow) model load: fail fast
+            trained_from = self.checkpoints.state(latest).get("model", {}).get("base_model")
+            if trained_from not in (None, spec.base_model):
+                raise BackendError(
+                    f"the checkpoints in {self.checkpoints.folder} were trained from base model "
+                    f"{trained_from!r}, not {spec.base_model!r}; give the model another name "
+                    f"(or project), or move that folder away to start over")
         lora = {**LORA_DEFAULTS, **spec.config.get("lora", {})}
         base, self.tokenizer = models.load(spec.base_model, home / "models", device, dtype)
         self.context_length = int(getattr(base.config, "max_position_embeddings", 2048) or 2048)
@@ -49,13 +59,11 @@ class ServedModel:
         self.train_config = TrainConfig.build(train_defaults, spec.config.get("train", {}))
         self.optimizer = torch.optim.AdamW(params, lr=self.train_config.learning_rate,
                                            weight_decay=self.train_config.weight_decay)
-        self.checkpoints = Checkpoints(home / spec.project / spec.name / "checkpoints")
         self.keep_checkpoints = keep_checkpoints
         self.best_metric = best_metric
         self.step = 0
         self.serving: set[int] = {0}
         self._train_lock = threading.Lock()  # one training step at a time per model
-        latest = self.checkpoints.latest()
         if latest is not None:
             state = self.checkpoints.load(latest, self.model, self.optimizer)
             self.step = int(state["step"])

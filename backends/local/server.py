@@ -48,6 +48,7 @@ class ChatRequest(BaseModel):
     stream: bool = False
     stream_options: Optional[dict[str, Any]] = None
     logprobs: Optional[bool] = None
+    min_tokens: int = 0  # as in vLLM: no stop token before this many tokens
 
 
 class BadRequest(Exception):
@@ -119,7 +120,8 @@ def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[st
             raise BadRequest(f"max_tokens must be at least 1, got {asked}", "max_tokens")
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         req = GenRequest(prompt=prompt, max_tokens=min(asked, room), n=body.n, temperature=body.temperature,
-                         top_p=body.top_p, stop=stops, seed=body.seed, step=step)
+                         top_p=body.top_p, stop=stops, seed=body.seed, step=step,
+                         min_tokens=max(0, body.min_tokens))
         name = f"{served.spec.name}@{step}"
         if body.stream:
             return StreamingResponse(_stream(served, req, body, name), media_type="text/event-stream")

@@ -15,7 +15,7 @@ client = AsyncOpenAI(base_url="http://127.0.0.1:1/v1", api_key="unused")  # rout
 MODEL = "ttt-agent"
 SYSTEM = ("You play tic-tac-toe as X against O. Cells are named by row letter and column number, "
           "A1 to C3. Answer with the one free cell you play, like B2, and nothing else.")
-_CELL = re.compile(r"\b([ABCabc])\s*([123])\b")
+_CELL = re.compile(r"([ABCabc])\s?([123])")
 
 
 def parse_move(text: str) -> str | None:
