@@ -7,6 +7,7 @@ backend = "local"
 [backend_options]
 device = "auto"          # or "cpu", "cuda", "cuda:1"
 port = 0                 # 0: any free port on 127.0.0.1
+cache = "~/.cache/artsdk" # converted base models (also ARTSDK_CACHE)
 keep_checkpoints = 3     # newest N checkpoints kept (plus the best by best_metric, if set)
 ```
 
@@ -17,6 +18,7 @@ Model settings go in ``TrainableModel.config``: ``{"lora": {"rank": 8, "alpha": 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -40,7 +42,7 @@ class LocalBackend:
                  host: str = "127.0.0.1", port: int = 0, api_key: Optional[str] = None,
                  home: Optional[str] = None, max_batch: int = 64, keep_checkpoints: int = 3,
                  best_metric: Optional[str] = None, threads: Optional[int] = None,
-                 **train_defaults: Any) -> None:
+                 cache: Optional[str] = None, **train_defaults: Any) -> None:
         from artsdk.config import settings
 
         from . import models
@@ -48,6 +50,8 @@ class LocalBackend:
         self.device = models.pick_device(device)
         self.dtype = models.pick_dtype(self.device, dtype)
         self.home = Path(home or settings().home)
+        # converted / built base models, shared by every project of this user
+        self.cache = Path(cache or os.environ.get("ARTSDK_CACHE") or Path.home() / ".cache" / "artsdk")
         self.host, self.port, self.api_key = host, port, api_key
         self.max_batch, self.keep_checkpoints, self.best_metric = max_batch, keep_checkpoints, best_metric
         try:
@@ -75,7 +79,7 @@ class LocalBackend:
             if model.name not in self.models:
                 try:
                     self.models[model.name] = ServedModel(
-                        model, home=self.home, device=self.device, dtype=self.dtype,
+                        model, home=self.home, cache=self.cache, device=self.device, dtype=self.dtype,
                         max_batch=self.max_batch, keep_checkpoints=self.keep_checkpoints,
                         best_metric=self.best_metric, train_defaults=self.train_defaults)
                 except ValueError as e:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 import torch
 
 log = logging.getLogger("artsdk.local")
+QUIET, GATHER = 0.005, 0.03
 
 
 @dataclass
@@ -95,10 +96,15 @@ class Engine:
             if first is None:
                 return
             batch = [first]
-            time.sleep(0.002)  # let requests that arrive together share the batch
+            # requests sent together reach us a few ms apart: wait until the queue has been
+            # quiet for QUIET s (at most GATHER s) so they share the batch
+            deadline = time.monotonic() + GATHER
             while sum(r.n for r in batch) < self.max_batch:
+                wait = min(QUIET, deadline - time.monotonic())
+                if wait <= 0:
+                    break
                 try:
-                    nxt = self._queue.get_nowait()
+                    nxt = self._queue.get(timeout=wait)
                 except queue.Empty:
                     break
                 if nxt is None:

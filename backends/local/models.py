@@ -92,7 +92,12 @@ def _save_atomically(model: Any, tok: Any, folder: Path) -> None:
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    tmp.replace(folder)
+    try:
+        tmp.replace(folder)
+    except OSError:  # another process converted it first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def resolve(base_model: str, cache: Path) -> tuple[Path | str, Optional[str]]:

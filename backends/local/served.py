@@ -30,7 +30,7 @@ LORA_DEFAULTS = {"rank": 8, "alpha": 16, "target_modules": "all-linear", "dropou
 
 
 class ServedModel:
-    def __init__(self, spec: TrainableModel, *, home: Path, device: str, dtype: Any,
+    def __init__(self, spec: TrainableModel, *, home: Path, cache: Path, device: str, dtype: Any,
                  max_batch: int, keep_checkpoints: int, best_metric: Optional[str],
                  train_defaults: TrainConfig) -> None:
         from peft import LoraConfig, get_peft_model
@@ -47,7 +47,7 @@ class ServedModel:
                     f"{trained_from!r}, not {spec.base_model!r}; give the model another name "
                     f"(or project), or move that folder away to start over")
         lora = {**LORA_DEFAULTS, **spec.config.get("lora", {})}
-        base, self.tokenizer = models.load(spec.base_model, home / "models", device, dtype)
+        base, self.tokenizer = models.load(spec.base_model, cache.expanduser(), device, dtype)
         self.context_length = int(getattr(base.config, "max_position_embeddings", 2048) or 2048)
         self.lora_config = LoraConfig(r=int(lora["rank"]), lora_alpha=int(lora["alpha"]),
                                       target_modules=lora["target_modules"], lora_dropout=float(lora["dropout"]),

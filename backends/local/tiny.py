@@ -78,10 +78,17 @@ def build_tiny(folder: Union[str, Path], *, hidden: int = 128, layers: int = 2, 
         pad_token_id=fast.pad_token_id, bos_token_id=None,
     )
     model = Qwen2ForCausalLM(config)
-    tmp = folder.with_name(folder.name + ".tmp")
+    import os
+
+    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(tmp)
     fast.save_pretrained(tmp)
     (tmp / "artsdk_tiny.json").write_text(json.dumps({"hidden": hidden, "layers": layers, "seed": seed}))
-    tmp.replace(folder)
+    try:
+        tmp.replace(folder)
+    except OSError:  # another process built it first: theirs is the same model
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
     return folder

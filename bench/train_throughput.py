@@ -1,0 +1,123 @@
+"""Training throughput: one GRPO step of the local backend next to a bare PyTorch
+forward + backward over the very same packed tokens on the same LoRA model (the limit).
+
+    python -m bench.train_throughput [--model HuggingFaceTB/SmolLM2-135M-Instruct] [--groups 4]
+
+Trajectories have mixed lengths (prompts 40-240 tokens, completions 8-120), as agent
+trajectories do. Also reports the padding a one-padded-row-per-trajectory batch would carry
+next to artsdk's packed rows (which carry none). Writes bench/results/train_throughput.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+import torch
+
+import artsdk as art
+from artsdk.testing import trajectory
+from backends.local import LocalBackend
+from backends.local.trainer import advantages, pack, segments, token_logprobs
+
+
+def make_groups(n_groups: int, group_size: int, vocab: int, seed: int = 0) -> list[art.Group]:
+    rng = random.Random(seed)
+    groups = []
+    for _ in range(n_groups):
+        prompt = [rng.randrange(vocab) for _ in range(rng.randint(40, 240))]
+        trajs = []
+        for k in range(group_size):
+            n = rng.randint(8, 120)
+            t = trajectory([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+                           token_ids=[rng.randrange(vocab) for _ in range(n)], logprobs=[-2.0] * n)
+            t.calls[0].prompt_token_ids = prompt
+            t.reward = float(k % 2) + rng.random() * 0.1
+            trajs.append(t)
+        groups.append(art.Group(trajectories=trajs))
+    return groups
+
+
+def bare_step(served, groups, budget: int) -> float:
+    """The limit: forward + backward of the same packed rows with a plain loss, and the
+    optimizer step; nothing else."""
+    scored, _ = advantages(groups, scale=True)
+    segs = [s for t, a in scored for s in segments(t, a, None, None, print)]
+    rows = pack(segs, budget)
+    model = served.model
+    model.set_adapter("policy")
+    model.train()
+    t0 = time.perf_counter()
+    for row in rows:
+        ids = torch.tensor([x for s in row for x in s.tokens])
+        pos = torch.tensor([p for s in row for p in range(len(s.tokens))])
+        (-token_logprobs(model, ids, pos).mean()).backward()
+    served.optimizer.step()
+    served.optimizer.zero_grad(set_to_none=True)
+    model.eval()
+    return time.perf_counter() - t0
+
+
+async def main_async(a: argparse.Namespace) -> dict:
+    torch.manual_seed(0)
+    torch.set_num_threads(a.threads)
+    with tempfile.TemporaryDirectory() as home:
+        be = LocalBackend(device="cpu", home=home)
+        model = art.TrainableModel("bench", base_model=a.model, project="bench")
+        await be.register(model)
+        served = be.models["bench"]
+        groups = make_groups(a.groups, a.group_size, vocab=len(served.tokenizer))
+        ours, calls, bare, tokens = [], [], [], 0
+        for i in range(a.repeat + 1):  # the first round warms up
+            t0 = time.perf_counter()
+            res = await be.train(model, groups)
+            call = time.perf_counter() - t0
+            b = bare_step(served, groups, 2048)
+            if i:
+                ours.append(res.metrics["seconds"])
+                calls.append(call)
+                bare.append(b)
+            tokens = res.metrics["tokens_total"]
+            trained = res.metrics["tokens_trained"]
+        await be.close()
+    lengths = [len(t.calls[0].prompt_token_ids) + len(t.calls[0].choices[0].token_ids)
+               for g in groups for t in g]
+    padded = len(lengths) * max(lengths)
+    o, b = statistics.median(ours), statistics.median(bare)
+    return {
+        "model": a.model, "trajectories": len(lengths), "tokens_per_step": tokens,
+        "trained_tokens_per_step": trained,
+        "artsdk_seconds": o, "bare_seconds": b,
+        # the whole train() call: the step plus writing the checkpoint and publishing the adapter
+        "artsdk_call_seconds": statistics.median(calls),
+        "artsdk_tokens_per_s": tokens / o, "bare_tokens_per_s": tokens / b, "ratio": b / o,
+        "padding_waste_packed": 0.0, "padding_waste_one_row_per_trajectory": 1 - sum(lengths) / padded,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
+    ap.add_argument("--groups", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    r = anyio.run(main_async, a)
+    out = Path(__file__).parent / "results" / "train_throughput.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(r, indent=2))
+    print(f"{r['model']}: {r['tokens_per_step']:.0f} tokens/step ({r['trained_tokens_per_step']:.0f} trained); "
+          f"artsdk {r['artsdk_tokens_per_s']:.0f} tok/s, bare fwd+bwd {r['bare_tokens_per_s']:.0f} tok/s, "
+          f"ratio {r['ratio']:.2f}; padding waste packed 0%, one row per trajectory "
+          f"{100 * r['padding_waste_one_row_per_trajectory']:.0f}%")
+
+
+if __name__ == "__main__":
+    main()
