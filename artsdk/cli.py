@@ -4,6 +4,7 @@
     artsdk trajectories show ID
     artsdk trajectories export OUT.jsonl [filters]
     artsdk config
+    artsdk serve [--backend local] [--host 127.0.0.1] [--port 7999] [--api-key KEY]
 """
 
 from __future__ import annotations
@@ -127,6 +128,34 @@ def cmd_config(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(a: argparse.Namespace) -> int:
+    import json as _json
+    import logging
+    import os
+
+    from .config import settings
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    options: dict[str, Any] = dict(settings().backend_options)
+    for item in a.option or ():
+        key, sep, value = item.partition("=")
+        if not sep:
+            print(f"artsdk serve: --option takes key=value, got {item!r}", file=sys.stderr)
+            return 2
+        try:
+            options[key] = _json.loads(value)
+        except ValueError:
+            options[key] = value
+    try:
+        from backends.remote.server import serve
+    except ImportError as e:
+        print(f"artsdk serve needs the server extras ({e}); pip install 'artsdk[local]'", file=sys.stderr)
+        return 2
+    serve(a.backend, a.host, a.port, a.api_key or os.environ.get("ARTSDK_API_KEY") or settings().api_key,
+          a.home, **options)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="artsdk", description="Train LLM agents with RL.")
     p.add_argument("--version", action="version", version=f"artsdk {__version__}")
@@ -148,6 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("out", help="output file (.jsonl); '-' for stdout")
     _filters(ex)
     ex.set_defaults(func=cmd_export)
+
+    sv = sub.add_parser("serve", help="serve a training backend over HTTP (for backend = \"remote\")")
+    sv.add_argument("--backend", default="local", help="backend to serve (default: local)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    sv.add_argument("--port", type=int, default=7999)
+    sv.add_argument("--api-key", help="require this key (default: ARTSDK_API_KEY / api_key setting)")
+    sv.add_argument("--home", help="folder for checkpoints and the model registry (default: home setting)")
+    sv.add_argument("--option", action="append", metavar="KEY=VALUE",
+                    help="a backend option, e.g. --option device=cuda (repeatable)")
+    sv.set_defaults(func=cmd_serve)
 
     c = sub.add_parser("config", help="print the effective settings")
     c.set_defaults(func=cmd_config)

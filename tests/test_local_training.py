@@ -26,7 +26,7 @@ async def test_full_loop_learns_to_answer_with_a_word(tmp_path, art_store):
     torch.manual_seed(0)
     be = make_backend(tmp_path)
     model = art.TrainableModel("toy", base_model="tiny", project="learn",
-                               config={"train": {"learning_rate": 3e-2}})
+                               config={"train": {"learning_rate": 2e-2}})
     client = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused", max_retries=0)
     async with art.session(model, backend=be) as run:
         tok = be.models["toy"].tokenizer
@@ -44,8 +44,8 @@ async def test_full_loop_learns_to_answer_with_a_word(tmp_path, art_store):
             return sum(1 for x in ids if x == 300) / len(ids)
 
         curve = []
-        for step in range(12):
-            groups = await art.gather(answer, range(6), group_size=8, rewards=[said_word])
+        for step in range(15):
+            groups = await art.gather(answer, range(8), group_size=8, rewards=[said_word])
             curve.append(sum(g.mean for g in groups) / len(groups))
             served = {t.calls[0].served_by for g in groups for t in g}
             assert served == {f"toy@{step}"}  # every call answered by the newest adapter
@@ -198,5 +198,8 @@ async def test_in_flight_request_keeps_its_adapter(tmp_path):
     assert run(2) != at_step_1  # new requests get the new one
     served.engine.in_use[1] -= 1  # it finished
     await be.train(model, groups)
-    assert served.serving == {0, 3}  # unused adapters are dropped
+    assert served.serving == {0, 3}  # steps no request uses are no longer served
+    assert len(served.free) == 2 and len(served.model.peft_config) == 4  # policy + 3 serving
+    await be.train(model, groups)
+    assert served.serving == {0, 4} and len(served.model.peft_config) == 4  # a free one was reused
     await be.close()

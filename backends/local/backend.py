@@ -42,7 +42,7 @@ class LocalBackend:
                  host: str = "127.0.0.1", port: int = 0, api_key: Optional[str] = None,
                  home: Optional[str] = None, max_batch: int = 64, keep_checkpoints: int = 3,
                  best_metric: Optional[str] = None, threads: Optional[int] = None,
-                 cache: Optional[str] = None, **train_defaults: Any) -> None:
+                 cache: Optional[str] = None, http: bool = True, **train_defaults: Any) -> None:
         from artsdk.config import settings
 
         from . import models
@@ -63,7 +63,9 @@ class LocalBackend:
 
             torch.set_num_threads(threads)
         self.models: dict[str, ServedModel] = {}
+        self.http = http  # False: the caller mounts app() in its own server (artsdk serve)
         self._server: Any = None
+        self._app: Any = None
         self._lock = threading.Lock()
 
     # -- Backend protocol -----------------------------------------------------------------
@@ -72,7 +74,16 @@ class LocalBackend:
         served = self.models.get(model.name)
         if served is None:
             served = await anyio.to_thread.run_sync(self._load, model)
-        return Endpoint(base_url=self._ensure_server(), api_key=self.api_key or "artsdk", model=model.name)
+        base_url = self._ensure_server() if self.http else ""
+        return Endpoint(base_url=base_url, api_key=self.api_key or "artsdk", model=model.name)
+
+    def app(self) -> Any:
+        """The OpenAI-compatible ASGI app serving every registered model."""
+        from .server import build_app
+
+        if self._app is None:
+            self._app = build_app(lambda: self.models, self.api_key)
+        return self._app
 
     def _load(self, model: TrainableModel) -> ServedModel:
         with self._lock:
@@ -87,14 +98,14 @@ class LocalBackend:
             return self.models[model.name]
 
     def _ensure_server(self) -> str:
-        from .server import ServerThread, build_app
+        from .server import ServerThread
 
         with self._lock:
             if self._server is None:
                 if self.host not in ("127.0.0.1", "localhost", "::1") and not self.api_key:
                     log.warning("serving on %s without an API key: anyone who can reach it can use it",
                                 self.host)
-                self._server = ServerThread(build_app(lambda: self.models, self.api_key), self.host, self.port)
+                self._server = ServerThread(self.app(), self.host, self.port)
             return self._server.base_url
 
     async def train(self, model: TrainableModel, groups: Sequence[Group], **config: Any) -> TrainResult:
@@ -112,6 +123,30 @@ class LocalBackend:
     async def step(self, model: TrainableModel) -> int:
         served = self.models.get(model.name)
         return served.step if served is not None else 0
+
+    def checkpoint_dir(self, model: TrainableModel, step: int) -> Path:
+        """The folder of one checkpoint (BackendError when there is none)."""
+        served = self.models.get(model.name)
+        folder = (served.checkpoints.path(step) if served is not None
+                  else self.home / model.project / model.name / "checkpoints" / str(step))
+        if not (folder / "trainer_state.json").is_file():
+            raise BackendError(f"model {model.name!r} has no checkpoint for step {step}")
+        return folder
+
+    def checkpoint_steps(self, model: TrainableModel) -> list[int]:
+        served = self.models.get(model.name)
+        if served is not None:
+            return served.checkpoints.steps()
+        from .checkpoints import Checkpoints
+
+        folder = self.home / model.project / model.name / "checkpoints"
+        return Checkpoints(folder).steps() if folder.is_dir() else []
+
+    async def unregister(self, model: TrainableModel) -> None:
+        """Stop serving a model and free its memory (its checkpoints stay on disk)."""
+        served = self.models.pop(model.name, None)
+        if served is not None:
+            await anyio.to_thread.run_sync(served.close)
 
     async def close(self) -> None:
         if self._server is not None:

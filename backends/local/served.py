@@ -2,8 +2,8 @@
 inference engine, optimizer and checkpoints.
 
 Adapters: ``policy`` is the one the optimizer updates; after each step its weights are
-copied into a serving adapter ``s<step>``. Requests are pinned to the newest step when they
-arrive; serving adapters no request uses any more are deleted. Step 0 is the base model.
+copied into a serving adapter. Requests are pinned to the newest step when they arrive; a
+serving adapter no request uses any more is reused for a later step. Step 0 is the base model.
 """
 
 from __future__ import annotations
@@ -52,17 +52,21 @@ class ServedModel:
         self.lora_config = LoraConfig(r=int(lora["rank"]), lora_alpha=int(lora["alpha"]),
                                       target_modules=lora["target_modules"], lora_dropout=float(lora["dropout"]),
                                       bias="none", task_type="CAUSAL_LM")
-        self.model = get_peft_model(base, self.lora_config, adapter_name="policy")
+        self.train_config = TrainConfig.build(train_defaults, spec.config.get("train", {}))
+        with torch.random.fork_rng(devices=[]):
+            # the adapter's random init depends on the seed alone: runs are reproducible
+            torch.manual_seed(self.train_config.seed)
+            self.model = get_peft_model(base, self.lora_config, adapter_name="policy")
         self.model.eval()
         self.chat = ChatFormat(self.tokenizer)
         params = [p for n, p in self.model.named_parameters() if "lora_" in n and ".policy." in n]
-        self.train_config = TrainConfig.build(train_defaults, spec.config.get("train", {}))
         self.optimizer = torch.optim.AdamW(params, lr=self.train_config.learning_rate,
                                            weight_decay=self.train_config.weight_decay)
         self.keep_checkpoints = keep_checkpoints
         self.best_metric = best_metric
         self.step = 0
-        self.serving: set[int] = {0}
+        self.slots: dict[int, str] = {}  # step -> serving adapter
+        self.free: list[str] = []  # serving adapters no step uses any more
         self._train_lock = threading.Lock()  # one training step at a time per model
         if latest is not None:
             state = self.checkpoints.load(latest, self.model, self.optimizer)
@@ -75,27 +79,36 @@ class ServedModel:
     # -- adapters -----------------------------------------------------------------------
 
     def _adapter_for(self, step: int) -> Optional[str]:
-        return None if step == 0 else f"s{step}"
+        return None if step == 0 else self.slots[step]
+
+    @property
+    def serving(self) -> set[int]:
+        """Steps that can be asked for now (0 is the base model)."""
+        return {0, *self.slots}
 
     def _publish(self, step: int) -> None:
-        """Copy the trained weights into serving adapter ``s<step>`` (caller holds the
-        engine lock, or the engine is not running yet)."""
-        name = f"s{step}"
-        if name not in self.model.peft_config:
+        """Copy the trained weights into a serving adapter for ``step`` (caller holds the
+        engine lock, or the engine is not running yet). Adapters of retired steps are
+        reused: creating one allocates and initialises a LoRA pair in every layer."""
+        if self.free:
+            name = self.free.pop()
+        else:
+            name = f"s{len(self.slots) + len(self.free)}"
+            while name in self.model.peft_config:
+                name += "x"
             self.model.add_adapter(name, self.lora_config)
-        src = dict(self.model.named_parameters())
+        params = dict(self.model.named_parameters())
         with torch.no_grad():
-            for key, p in self.model.named_parameters():
+            for key, p in params.items():
                 if f".{name}." in key:
-                    p.copy_(src[key.replace(f".{name}.", ".policy.")])
-        self.serving.add(step)
+                    p.copy_(params[key.replace(f".{name}.", ".policy.")])
+        self.slots[step] = name
 
     def _retire(self) -> None:
         in_use = self.engine.in_use
-        for step in sorted(self.serving):
-            if step not in (0, self.step) and in_use.get(step, 0) == 0:
-                self.model.delete_adapter(f"s{step}")
-                self.serving.discard(step)
+        for step in sorted(self.slots):
+            if step != self.step and in_use.get(step, 0) == 0:
+                self.free.append(self.slots.pop(step))
 
     # -- training -----------------------------------------------------------------------
 

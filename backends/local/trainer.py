@@ -151,10 +151,15 @@ def pack(segs: Sequence[Segment], budget: int) -> list[list[Segment]]:
 
 # -- the step ---------------------------------------------------------------------------
 
-def token_logprobs(model: Any, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """logp[t] = log p(ids[t+1] | ids[:t+1]) within each packed segment."""
-    logits = model(input_ids=ids[None], position_ids=pos[None], use_cache=False).logits[0, :-1]
-    return -F.cross_entropy(logits.float(), ids[1:], reduction="none")
+def token_logprobs(model: Any, ids: torch.Tensor, pos: torch.Tensor,
+                   keep: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """logp[t] = log p(ids[t+1] | ids[:t+1]) within each packed segment, for every t or only
+    for the positions in ``keep``: the vocabulary projection (a large share of a small
+    model's compute) then runs only where a token is trained."""
+    if keep is None:
+        keep = torch.arange(len(ids) - 1, device=ids.device)
+    logits = model(input_ids=ids[None], position_ids=pos[None], use_cache=False, logits_to_keep=keep).logits[0]
+    return -F.cross_entropy(logits.float(), ids[keep + 1], reduction="none")
 
 
 def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Group], cfg: TrainConfig,
@@ -186,8 +191,9 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
         metrics.update(advantage_mean=float(adv.mean()), advantage_std=float(adv.std(unbiased=False)),
                        advantage_abs_mean=float(adv.abs().mean()))
     n_trained = sum(sum(s.trained) for s in segs)
-    if not segs or n_trained == 0:
-        metrics.update(loss=0.0, tokens_trained=0.0, grad_norm=0.0, seconds=time.perf_counter() - t0)
+    if not segs or n_trained == 0:  # nothing to learn from: the same metrics, all zero
+        metrics.update(loss=0.0, grad_norm=0.0, tokens_trained=0.0, tokens_total=0.0, rows=0.0,
+                       clip_fraction=0.0, logprob_drift=0.0, kl=0.0, seconds=time.perf_counter() - t0)
         return metrics
     longest = max(sum(s.trained) for s in segs)
     rows = pack(segs, cfg.tokens_per_row)
@@ -210,17 +216,19 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
             w += [weight] * n
         T = lambda x, dt=torch.float32: torch.tensor(x, dtype=dt, device=device)  # noqa: E731
         ids_t, pos_t = T(ids, torch.long), T(pos, torch.long)
-        # targets are shifted by one: position t predicts token t+1
-        mask = T(trained[1:], torch.bool) & (T(pos[1:], torch.long) > 0)
-        old_t, adv_t, w_t = T(old[1:]), T(adv[1:]), T(w[1:])
-        seg_t = T(seg_of[1:], torch.long)
-        logp = token_logprobs(model, ids_t, pos_t)
+        # target t is token t+1; only sampled tokens (never a segment's first) are trained
+        keep = torch.nonzero(T(trained[1:], torch.bool) & (T(pos[1:], torch.long) > 0))[:, 0]
+        if len(keep) == 0:
+            continue
+        old_t, adv_t, w_t = T(old[1:])[keep], T(adv[1:])[keep], T(w[1:])[keep]
+        seg_t = T(seg_of[1:], torch.long)[keep]
+        logp = token_logprobs(model, ids_t, pos_t, keep)
         old_t = torch.where(torch.isnan(old_t), logp.detach(), old_t)  # no record: ratio 1
         log_ratio = logp - old_t
         if cfg.loss == "gspo":
             # one ratio per sequence: exp(mean of its tokens' log-ratios)
-            count = torch.zeros(len(row), device=device).index_add_(0, seg_t, mask.float())
-            total = torch.zeros(len(row), device=device).index_add_(0, seg_t, (log_ratio * mask).detach())
+            count = torch.zeros(len(row), device=device).index_add_(0, seg_t, torch.ones_like(logp))
+            total = torch.zeros(len(row), device=device).index_add_(0, seg_t, log_ratio.detach())
             seq_lr = (total / count.clamp(min=1))[seg_t]
             ratio = torch.exp(seq_lr + logp - logp.detach())
         else:
@@ -232,17 +240,17 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
             per_token = -torch.minimum(ratio * adv_t, clipped_ratio * adv_t)
         if cfg.beta > 0 and reference is not None:
             with torch.no_grad(), reference():
-                ref = token_logprobs(model, ids_t, pos_t)
+                ref = token_logprobs(model, ids_t, pos_t, keep)
             d = ref - logp
             kl = torch.exp(d) - d - 1
             per_token = per_token + cfg.beta * kl
-            sums["kl"] += float((kl.detach() * mask).sum())
-        loss = (per_token * w_t * mask).sum()
+            sums["kl"] += float(kl.detach().sum())
+        loss = (per_token * w_t).sum()
         loss.backward()
         sums["loss"] += float(loss.detach())
-        sums["clipped"] += float((((ratio < 1 - eps_lo) | (ratio > 1 + eps_hi)) & mask).sum())
-        sums["drift"] += float((log_ratio.detach().abs() * mask).sum())
-        sums["tokens"] += float(mask.sum())
+        sums["clipped"] += float(((ratio < 1 - eps_lo) | (ratio > 1 + eps_hi)).sum())
+        sums["drift"] += float(log_ratio.detach().abs().sum())
+        sums["tokens"] += float(len(keep))
         sums["row_tokens"] += len(ids)
     params = [p for p in model.parameters() if p.requires_grad]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)

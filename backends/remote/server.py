@@ -1,0 +1,282 @@
+"""``artsdk serve``: any backend behind a versioned HTTP API, so agent code on one machine
+can train on another.
+
+API (v1; the OpenAPI spec is at ``/openapi.json``, docs at ``/docs``):
+
+    GET    /health                                  liveness and version (no key needed)
+    POST   /v1/art/models                           register a model (base model, LoRA config)
+    GET    /v1/art/models/{name}                    its newest step
+    DELETE /v1/art/models/{name}                    stop serving it (checkpoints stay on disk)
+    POST   /v1/art/models/{name}/train              one training step; progress streamed as NDJSON
+    GET    /v1/art/models/{name}/checkpoints        steps on disk
+    GET    /v1/art/models/{name}/checkpoints/{step} the checkpoint as a .tar.gz
+    DELETE /v1/art/models/{name}/checkpoints/{step}
+    POST   /v1/chat/completions, GET /v1/models     OpenAI-compatible inference (local backend)
+
+With an API key every route but ``/health`` needs ``Authorization: Bearer <key>``. A training
+submission carries a client-made ``request_id``: sending it again (after a dropped
+connection) returns the first result instead of training twice. Steps of one model run one
+after another, never interleaved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import re
+import secrets
+import tarfile
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import FastAPI, HTTPException, Path as PathParam, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from artsdk._version import __version__
+from artsdk.backend import TrainableModel
+from artsdk.errors import ArtError
+from artsdk.trajectory import Group
+
+log = logging.getLogger("artsdk.serve")
+API_VERSION = "1"
+NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+_NAME = re.compile(NAME)
+MAX_BODY = 256 * 1024 * 1024
+
+
+class RegisterRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME)
+    base_model: str
+    project: str = Field("default", pattern=NAME)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str = Field(pattern=r"^[A-Za-z0-9_-]{8,64}$")
+    groups: list[Group] = Field(min_length=1)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class Registry:
+    """Models registered with this server, remembered on disk so a restarted server
+    serves them again (lazily, on first use) from their checkpoints."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / "models.json"
+        folder.mkdir(parents=True, exist_ok=True)
+        self.models: dict[str, TrainableModel] = {}
+        if self.path.is_file():
+            for name, spec in json.loads(self.path.read_text()).items():
+                self.models[name] = TrainableModel(**spec)
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({n: m.model_dump() for n, m in self.models.items()}, indent=2))
+        tmp.replace(self.path)
+
+
+class Trainings:
+    """Results of training submissions by request id (also on disk), so a retried
+    submission gets the first answer instead of a second step."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder / "trainings"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.running: dict[str, asyncio.Future[dict[str, Any]]] = {}
+
+    def done(self, request_id: str) -> Optional[dict[str, Any]]:
+        p = self.folder / f"{request_id}.json"
+        return json.loads(p.read_text()) if p.is_file() else None
+
+    def finish(self, request_id: str, result: dict[str, Any]) -> None:
+        tmp = self.folder / f"{request_id}.tmp"
+        tmp.write_text(json.dumps(result))
+        tmp.replace(self.folder / f"{request_id}.json")
+
+
+def build_app(backend: Any, backend_name: str, home: Path, api_key: Optional[str] = None) -> FastAPI:
+    app = FastAPI(title="artsdk serve", version=API_VERSION,
+                  description="Training backend API of artsdk (see backends/remote/server.py).")
+    registry = Registry(home / "serve")
+    trainings = Trainings(home / "serve")
+    loaded: set[str] = set()
+    locks: dict[str, asyncio.Lock] = {}
+    app.state.backend = backend
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Any:
+        if api_key is not None and request.url.path != "/health":
+            given = request.headers.get("authorization", "")
+            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                return JSONResponse({"error": {"message": "missing or wrong API key", "type": "authentication_error"}},
+                                    status_code=401)
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_BODY:
+            return JSONResponse({"error": {"message": f"body of {length} bytes is over {MAX_BODY}"}}, status_code=413)
+        return await call_next(request)
+
+    @app.exception_handler(ArtError)
+    async def art_error(_: Request, exc: ArtError) -> JSONResponse:
+        return JSONResponse({"error": {"message": str(exc), "type": type(exc).__name__}}, status_code=400)
+
+    async def model_for(name: str) -> TrainableModel:
+        if not _NAME.match(name):
+            raise HTTPException(422, f"invalid model name {name!r}")
+        spec = registry.models.get(name)
+        if spec is None:
+            raise HTTPException(404, f"no model {name!r} is registered; POST /v1/art/models first")
+        if name not in loaded:  # a restarted server loads it again on first use
+            await backend.register(spec)
+            loaded.add(name)
+        return spec
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "version": __version__, "api": API_VERSION, "backend": backend_name}
+
+    @app.post("/v1/art/models")
+    async def register(body: RegisterRequest) -> dict[str, Any]:
+        spec = TrainableModel(body.name, base_model=body.base_model, project=body.project, config=body.config)
+        old = registry.models.get(body.name)
+        if old is not None and old.base_model != spec.base_model:
+            raise HTTPException(409, f"model {body.name!r} is registered with base model {old.base_model!r}")
+        await backend.register(spec)
+        loaded.add(body.name)
+        registry.models[body.name] = spec
+        registry.save()
+        return {"name": body.name, "step": await backend.step(spec)}
+
+    @app.get("/v1/art/models/{name}")
+    async def get_model(name: str) -> dict[str, Any]:
+        spec = await model_for(name)
+        return {**spec.model_dump(), "step": await backend.step(spec)}
+
+    @app.delete("/v1/art/models/{name}")
+    async def delete_model(name: str) -> dict[str, Any]:
+        spec = await model_for(name)
+        await backend.unregister(spec)
+        loaded.discard(name)
+        registry.models.pop(name, None)
+        registry.save()
+        return {"deleted": name}
+
+    @app.post("/v1/art/models/{name}/train")
+    async def train(name: str, body: TrainRequest) -> StreamingResponse:
+        spec = await model_for(name)
+        return StreamingResponse(_train_events(spec, body), media_type="application/x-ndjson")
+
+    async def _train_events(spec: TrainableModel, body: TrainRequest) -> AsyncIterator[str]:
+        rid = body.request_id
+        previous = trainings.done(rid)
+        if previous is not None:
+            yield json.dumps({"event": "done", "replayed": True, **previous}) + "\n"
+            return
+        if rid in trainings.running:  # the same submission, retried while it runs
+            yield json.dumps({"event": "waiting", "request_id": rid}) + "\n"
+            result = await asyncio.shield(trainings.running[rid])
+            yield json.dumps({"event": "done", "replayed": True, **result}) + "\n"
+            return
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        trainings.running[rid] = future
+        task = asyncio.create_task(_train(spec, body))
+
+        def settled(t: "asyncio.Task[dict[str, Any]]") -> None:
+            _settle(future, t)
+            trainings.running.pop(rid, None)  # only now: a retry until here must wait, not retrain
+
+        task.add_done_callback(settled)
+        try:
+            lock = locks.setdefault(spec.name, asyncio.Lock())
+            yield json.dumps({"event": "queued", "request_id": rid, "waiting": lock.locked()}) + "\n"
+            while not task.done():  # keep the connection alive while the step runs
+                await asyncio.wait({task}, timeout=5)
+                if not task.done():
+                    yield json.dumps({"event": "running", "request_id": rid}) + "\n"
+            result = task.result()
+            yield json.dumps({"event": "done", **result}) + "\n"
+        except Exception as e:  # noqa: BLE001 - the stream is open: report in-band
+            yield json.dumps({"event": "error", "message": str(e), "type": type(e).__name__}) + "\n"
+
+    async def _train(spec: TrainableModel, body: TrainRequest) -> dict[str, Any]:
+        # the step goes on even if the client disconnects: its result is kept for a retry
+        async with locks.setdefault(spec.name, asyncio.Lock()):
+            t0 = time.monotonic()
+            result = await backend.train(spec, body.groups, **body.config)
+            out = {**result.model_dump(), "request_id": body.request_id, "seconds": time.monotonic() - t0}
+            trainings.finish(body.request_id, out)
+            return out
+
+    @app.get("/v1/art/models/{name}/checkpoints")
+    async def checkpoints(name: str) -> dict[str, Any]:
+        spec = await model_for(name)
+        return {"name": name, "steps": backend.checkpoint_steps(spec)}
+
+    @app.get("/v1/art/models/{name}/checkpoints/{step}")
+    async def download(name: str, step: int = PathParam(ge=0)) -> Response:
+        spec = await model_for(name)
+        folder = backend.checkpoint_dir(spec, step)
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            for f in sorted(folder.iterdir()):
+                if f.name != "optimizer.pt":  # the adapter and its state, not the optimizer
+                    tar.add(f, arcname=f"{step}/{f.name}")
+        return Response(buf.getvalue(), media_type="application/gzip",
+                        headers={"content-disposition": f'attachment; filename="{name}-{step}.tar.gz"'})
+
+    @app.delete("/v1/art/models/{name}/checkpoints/{step}")
+    async def delete_checkpoint(name: str, step: int = PathParam(ge=0)) -> dict[str, Any]:
+        import shutil
+
+        spec = await model_for(name)
+        if step == await backend.step(spec):
+            raise HTTPException(409, f"step {step} is the newest checkpoint of {name!r}; it is in use")
+        shutil.rmtree(backend.checkpoint_dir(spec, step))
+        return {"deleted": step}
+
+    if hasattr(backend, "app"):  # the backend's own OpenAI-compatible routes, same port
+        app.mount("/", backend.app())
+    return app
+
+
+def _settle(future: "asyncio.Future[dict[str, Any]]", task: "asyncio.Task[dict[str, Any]]") -> None:
+    if future.done():
+        return
+    if task.cancelled():
+        future.cancel()
+    elif task.exception() is not None:
+        future.set_exception(task.exception())  # type: ignore[arg-type]
+    else:
+        future.set_result(task.result())
+
+
+def serve(backend_name: str = "local", host: str = "127.0.0.1", port: int = 7999,
+          api_key: Optional[str] = None, home: Optional[str] = None, **options: Any) -> None:
+    """Run the server until interrupted (``artsdk serve``)."""
+    import uvicorn
+
+    from artsdk.backend import load_backend
+    from artsdk.config import settings
+
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        log.warning("artsdk serve is listening on %s without an API key: anyone who can reach "
+                    "it can train and query models. Pass --api-key or set ARTSDK_API_KEY.", host)
+    if backend_name == "local":
+        options.setdefault("http", False)  # its inference routes are mounted here instead
+        options.setdefault("api_key", api_key)
+    backend = load_backend(backend_name, **options)
+    app = build_app(backend, backend_name, Path(home or settings().home), api_key)
+    print(f"artsdk serve: {backend_name} backend on http://{host}:{port} (API v{API_VERSION})", flush=True)
+    # on SIGTERM / Ctrl-C uvicorn stops taking requests and lets running ones finish (up to
+    # 30 s); a training step cut short leaves no checkpoint behind (they are written atomically)
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
+    import anyio
+
+    anyio.run(backend.close)

@@ -1,0 +1,212 @@
+"""`artsdk serve` as a real process on 127.0.0.1 with the tiny model, driven by the remote
+backend: the full loop, auth, a killed and restarted server, a dropped connection during a
+training submission, and inference while a step runs."""
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import AsyncOpenAI
+
+import artsdk as art
+from artsdk.testing import trajectory
+
+pytest.importorskip("torch")
+from backends.remote import RemoteBackend  # noqa: E402
+
+pytestmark = pytest.mark.anyio
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "test-key-123"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Serve:
+    """An `artsdk serve` subprocess."""
+
+    def __init__(self, home: Path, port: int, key: str = KEY) -> None:
+        self.home, self.port, self.key = home, port, key
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = None
+
+    def start(self) -> "Serve":
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.log = open(self.home / "serve.log", "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "artsdk.cli", "serve", "--port", str(self.port), "--api-key", self.key,
+             "--home", str(self.home), "--option", "device=cpu"],
+            cwd=self.home, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise RuntimeError("artsdk serve did not start: " + (self.home / "serve.log").read_text()[-2000:])
+
+    def stop(self, sig=signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.log.close()
+
+
+@pytest.fixture
+def serve(tmp_path):
+    s = Serve(tmp_path, free_port()).start()
+    yield s
+    s.stop()
+
+
+def groups_for(tokens=(5, 6, 7)):
+    out = []
+    for k in range(2):
+        trajs = []
+        for i, r in enumerate((1.0, 0.0)):
+            t = trajectory([{"role": "user", "content": "go"}, {"role": "assistant", "content": "x"}],
+                           token_ids=[tokens[0] + i, tokens[1] + k, tokens[2]], logprobs=[-6.0] * 3)
+            t.calls[0].prompt_token_ids = [1, 2, 3, 4]
+            t.reward = r
+            trajs.append(t)
+        out.append(art.Group(trajectories=trajs))
+    return out
+
+
+async def test_full_loop_through_the_server_with_config_only(serve, art_store, monkeypatch):
+    monkeypatch.setenv("ARTSDK_BACKEND", "remote")
+    monkeypatch.setenv("ARTSDK_BACKEND_URL", serve.url)
+    monkeypatch.setenv("ARTSDK_API_KEY", KEY)
+    art.configure()
+    client = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused", max_retries=0)
+
+    @art.rollout
+    async def say(i: int) -> str:
+        r = await client.chat.completions.create(model="rt", messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=5)
+        return r.choices[0].message.content
+
+    @art.reward
+    def length(t):
+        return float(len(t.calls[0].choices[0].token_ids))
+
+    model = art.TrainableModel("rt", base_model="tiny", project="remote")
+    async with art.session(model) as run:  # the backend comes from the environment
+        assert isinstance(run.backend, RemoteBackend)
+        groups = await art.gather(say, range(2), group_size=4, rewards=[length])
+        assert {t.calls[0].served_by for g in groups for t in g} == {"rt@0"}
+        assert all(t.calls[0].choices[0].trainable for g in groups for t in g)
+        result = await run.train(groups + groups_for())
+        assert result.step == 1 and run.step == 1
+        after = await art.gather(say, range(1), group_size=2, rewards=[length])
+        assert after[0][0].calls[0].served_by == "rt@1"  # hot-swapped on the server
+        assert await run.backend.checkpoints(model) == [1]
+        pulled = await run.backend.pull_checkpoint(model, 1, serve.home / "pulled")
+        assert (pulled / "adapter_model.safetensors").is_file() and not (pulled / "optimizer.pt").exists()
+    assert art_store.steps("remote", "rt")[0]["step"] == 1
+
+
+async def test_auth_validation_and_openapi(serve):
+    r = httpx.get(serve.url + "/health")
+    assert r.status_code == 200 and r.json()["api"] == "1"
+    assert httpx.get(serve.url + "/v1/art/models/x").status_code == 401
+    assert httpx.get(serve.url + "/v1/art/models/x", headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert httpx.post(serve.url + "/v1/chat/completions", json={}).status_code == 401
+    h = {"Authorization": f"Bearer {KEY}"}
+    assert httpx.get(serve.url + "/openapi.json", headers=h).json()["info"]["title"] == "artsdk serve"
+    r = httpx.post(serve.url + "/v1/art/models", headers=h, json={"name": "../etc", "base_model": "tiny"})
+    assert r.status_code == 422 and "name" in json.dumps(r.json())
+    assert httpx.get(serve.url + "/v1/art/models/..%2Fetc", headers=h).status_code in (404, 422)
+    assert httpx.get(serve.url + "/v1/art/models/ghost", headers=h).status_code == 404
+    httpx.post(serve.url + "/v1/art/models", headers=h, json={"name": "v", "base_model": "tiny"}).raise_for_status()
+    bad = {"request_id": "abcdefgh12", "groups": [{"trajectories": [{"calls": [{"choices": "oops"}]}]}]}
+    r = httpx.post(serve.url + "/v1/art/models/v/train", headers=h, json=bad)
+    assert r.status_code == 422 and "choices" in json.dumps(r.json()["detail"][0]["loc"])
+    assert httpx.get(serve.url + "/v1/art/models/v/checkpoints/-1", headers=h).status_code == 422
+    big = b"x" * (257 * 1024 * 1024)
+    r = httpx.post(serve.url + "/v1/art/models/v/train", headers={**h, "content-type": "application/json"},
+                   content=big)
+    assert r.status_code == 413
+    wrong = RemoteBackend(serve.url, api_key="bad")
+    with pytest.raises(art.BackendError, match="refused the API key"):
+        await wrong.register(art.TrainableModel("w", base_model="tiny"))
+    await wrong.close()
+
+
+async def test_retried_submission_trains_once_and_restart_resumes(serve, tmp_path):
+    be = RemoteBackend(serve.url, api_key=KEY)
+    model = art.TrainableModel("once", base_model="tiny", project="p")
+    await be.register(model)
+    body = json.dumps({"request_id": "same-request-1", "config": {},
+                       "groups": [json.loads(g.model_dump_json()) for g in groups_for()]})
+    h = {"Authorization": f"Bearer {KEY}", "content-type": "application/json"}
+    # the client drops the connection right after sending; the step runs anyway
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(serve.url + "/v1/art/models/once/train", headers=h, content=body, timeout=0.05)
+    for _ in range(100):
+        if await be.step(model) == 1:
+            break
+        await asyncio.sleep(0.1)
+    r = httpx.post(serve.url + "/v1/art/models/once/train", headers=h, content=body, timeout=60)
+    done = [json.loads(x) for x in r.text.splitlines() if x][-1]
+    assert done["event"] == "done" and done["replayed"] and done["step"] == 1
+    assert await be.step(model) == 1  # trained once, not twice
+    await be.train(model, groups_for())
+    assert await be.step(model) == 2
+
+    serve.stop(signal.SIGKILL)  # killed, then restarted: models and checkpoints come back
+    serve.start()
+    assert await be.step(model) == 2
+    assert (await be.train(model, groups_for())).step == 3
+    await be.close()
+
+
+async def test_server_gone_mid_step_gives_a_clear_error(serve):
+    be = RemoteBackend(serve.url, api_key=KEY, retries=1, backoff=0.1)
+    model = art.TrainableModel("gone", base_model="tiny")
+    await be.register(model)
+    serve.stop(signal.SIGKILL)
+    with pytest.raises(art.BackendError, match="went away during training step .* local store"):
+        await be.train(model, groups_for())
+    with pytest.raises(art.BackendError, match="cannot reach artsdk serve"):
+        await be.step(model)
+    await be.close()
+
+
+async def test_inference_keeps_flowing_during_training(serve):
+    be = RemoteBackend(serve.url, api_key=KEY)
+    model = art.TrainableModel("busy", base_model="tiny")
+    await be.register(model)
+    client = AsyncOpenAI(base_url=serve.url + "/v1", api_key=KEY, max_retries=0)
+    big = [g for _ in range(40) for g in groups_for()]  # a step that takes a while
+
+    async def ask():
+        r = await client.chat.completions.create(model="busy", messages=[{"role": "user", "content": "x"}],
+                                                 max_tokens=3)
+        return r.model
+
+    train = asyncio.create_task(be.train(model, big))
+    answers = await asyncio.gather(*(ask() for _ in range(4)))
+    result = await train
+    assert result.step == 1 and set(answers) <= {"busy@0", "busy@1"} and len(answers) == 4
+    # two submissions at once are serialized: steps 2 and 3, never interleaved
+    r2, r3 = await asyncio.gather(be.train(model, groups_for()), be.train(model, groups_for()))
+    assert sorted([r2.step, r3.step]) == [2, 3]
+    await client.close()
+    await be.close()
