@@ -210,3 +210,25 @@ async def test_inference_keeps_flowing_during_training(serve):
     assert sorted([r2.step, r3.step]) == [2, 3]
     await client.close()
     await be.close()
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_example_script_runs_unchanged_on_either_backend(where, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ARTSDK_BACKEND": where,
+           "ARTSDK_HOME": str(tmp_path / "client"), "ARTSDK_BACKEND_OPTIONS": '{"device": "cpu"}'}
+    server = None
+    if where == "remote":
+        (tmp_path / "server").mkdir()
+        server = Serve(tmp_path / "server", free_port()).start()
+        env.update(ARTSDK_BACKEND_URL=server.url, ARTSDK_API_KEY=KEY, ARTSDK_BACKEND_OPTIONS="{}")
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "examples.tic_tac_toe.train", "--steps", "1", "--base-model", "tiny",
+             "--eval-games", "2", "--scenarios-per-step", "2", "--group-size", "2"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        if server:
+            server.stop()
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"({where} backend" in out.stdout and "step 1: reward" in out.stdout and "eval after 1 steps" in out.stdout
+    assert art.Store(tmp_path / "client" / "store.db").count(project="tic-tac-toe") == 2 + 4 + 2

@@ -42,7 +42,8 @@ class LocalBackend:
                  host: str = "127.0.0.1", port: int = 0, api_key: Optional[str] = None,
                  home: Optional[str] = None, max_batch: int = 64, keep_checkpoints: int = 3,
                  best_metric: Optional[str] = None, threads: Optional[int] = None,
-                 cache: Optional[str] = None, http: bool = True, **train_defaults: Any) -> None:
+                 cache: Optional[str] = None, http: bool = True, merge_adapters: bool = True,
+                 **train_defaults: Any) -> None:
         from artsdk.config import settings
 
         from . import models
@@ -64,6 +65,7 @@ class LocalBackend:
             torch.set_num_threads(threads)
         self.models: dict[str, ServedModel] = {}
         self.http = http  # False: the caller mounts app() in its own server (artsdk serve)
+        self.merge_adapters = merge_adapters  # serve adapters merged into the weights (faster decoding)
         self._server: Any = None
         self._app: Any = None
         self._lock = threading.Lock()
@@ -92,7 +94,8 @@ class LocalBackend:
                     self.models[model.name] = ServedModel(
                         model, home=self.home, cache=self.cache, device=self.device, dtype=self.dtype,
                         max_batch=self.max_batch, keep_checkpoints=self.keep_checkpoints,
-                        best_metric=self.best_metric, train_defaults=self.train_defaults)
+                        best_metric=self.best_metric, train_defaults=self.train_defaults,
+                        merge=self.merge_adapters)
                 except ValueError as e:
                     raise BackendError(f"model {model.name!r}: {e}") from None
             return self.models[model.name]

@@ -64,13 +64,15 @@ class _Seq:
 
 class Engine:
     def __init__(self, model: Any, tokenizer: Any, stop_ids: list[int], device: str, *,
-                 max_batch: int = 64, adapter_for: Callable[[int], Optional[str]] = lambda s: None) -> None:
+                 max_batch: int = 64, adapter_for: Callable[[int], Optional[str]] = lambda s: None,
+                 merger: Any = None) -> None:
         self.model = model
         self.tok = tokenizer
         self.stop_ids = set(stop_ids)
         self.device = device
         self.max_batch = max_batch
         self.adapter_for = adapter_for  # step -> adapter name (None: the base model)
+        self.merger = merger  # merges the served adapter into the weights (see merge.py)
         self.lock = threading.RLock()
         self.in_use: dict[int, int] = {}  # step -> sequences running on it
         self._queue: "queue.Queue[Optional[Request]]" = queue.Queue()
@@ -146,8 +148,14 @@ class Engine:
     def _decode(self, seqs: list[_Seq], step: int) -> None:
         model = self.model
         adapter = self.adapter_for(step)
-        if adapter is None:
-            ctx: Any = model.disable_adapter() if hasattr(model, "disable_adapter") else _null()
+        if self.merger is not None:  # the adapter merged in: a plain forward pass
+            if adapter is None:
+                self.merger.restore()
+            else:
+                self.merger.merge(adapter)
+            ctx: Any = model.disable_adapter()
+        elif adapter is None:
+            ctx = model.disable_adapter() if hasattr(model, "disable_adapter") else _null()
         else:
             model.set_adapter(adapter)
             ctx = _null()

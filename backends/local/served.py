@@ -22,6 +22,7 @@ from . import models
 from .chat import ChatFormat
 from .checkpoints import Checkpoints
 from .engine import Engine
+from .merge import Merger
 from .trainer import TrainConfig, train_step
 
 log = logging.getLogger("artsdk.local")
@@ -32,7 +33,7 @@ LORA_DEFAULTS = {"rank": 8, "alpha": 16, "target_modules": "all-linear", "dropou
 class ServedModel:
     def __init__(self, spec: TrainableModel, *, home: Path, cache: Path, device: str, dtype: Any,
                  max_batch: int, keep_checkpoints: int, best_metric: Optional[str],
-                 train_defaults: TrainConfig) -> None:
+                 train_defaults: TrainConfig, merge: bool = True) -> None:
         from peft import LoraConfig, get_peft_model
 
         self.spec = spec
@@ -73,8 +74,9 @@ class ServedModel:
             self.step = int(state["step"])
             self._publish(self.step)
             log.info("%s: resumed from checkpoint step %d", spec.name, self.step)
+        self.merger = Merger(self.model) if merge else None
         self.engine = Engine(self.model, self.tokenizer, self.chat.stop_ids, device,
-                             max_batch=max_batch, adapter_for=self._adapter_for)
+                             max_batch=max_batch, adapter_for=self._adapter_for, merger=self.merger)
 
     # -- adapters -----------------------------------------------------------------------
 
@@ -118,6 +120,8 @@ class ServedModel:
             g["lr"] = cfg.learning_rate
         with self._train_lock:
             with self.engine.lock:
+                if self.merger is not None:
+                    self.merger.restore()  # training (and the KL reference) needs the base weights
                 self.model.set_adapter("policy")
                 metrics = train_step(
                     self.model, self.optimizer, groups, cfg,
