@@ -43,7 +43,7 @@ async def evaluate(rollout: art.Rollout, scenarios: list[Any], rewards: list[Any
 
 
 async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
-                make_scenarios: Callable[[int, int], list[Any]]) -> dict[str, Any]:
+                make_scenarios: Callable[[int, int, dict[str, Any]], list[Any]]) -> dict[str, Any]:
     art.configure(project=cfg["project"])
     model = art.TrainableModel(cfg["model"], base_model=cfg["base_model"], project=cfg["project"],
                                config={"train": {"learning_rate": cfg.get("learning_rate", 1e-4),
@@ -52,12 +52,12 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
     print(f"{cfg['project']}: training {model.name} from {model.base_model} "
           f"({art.settings().backend} backend, store {art.settings().store_url})", flush=True)
     async with art.session(model) as run:
-        held_out = make_scenarios(cfg.get("eval_games", 16), 10_000)
+        held_out = make_scenarios(cfg.get("eval_games", 16), 10_000, cfg)
         before = await evaluate(rollout, held_out, rewards)
         print(f"eval before: mean reward {before:.3f} over {len(held_out)} games", flush=True)
         history = []
         for step in range(cfg["steps"]):
-            groups = await art.gather(rollout, make_scenarios(cfg["scenarios_per_step"], step),
+            groups = await art.gather(rollout, make_scenarios(cfg["scenarios_per_step"], step, cfg),
                                       group_size=cfg["group_size"], rewards=rewards)
             mean = sum(t.reward for g in groups for t in g.scored) / max(1, sum(len(g.scored) for g in groups))
             result = await run.train(groups)
@@ -73,7 +73,7 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
 
 
 def main(config_path: Path, rollout: art.Rollout, rewards: list[Any],
-         make_scenarios: Callable[[int, int], list[Any]], argv: Sequence[str] | None = None) -> None:
+         make_scenarios: Callable[[int, int, dict[str, Any]], list[Any]], argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = load_config(config_path, argv if argv is not None else sys.argv[1:])
     asyncio.run(train(cfg, rollout, rewards, make_scenarios))

@@ -76,6 +76,24 @@ def test_min_tokens_holds_back_stop_tokens(client, backend):
         engine.stop_ids = saved
 
 
+def test_shared_prompts_are_run_once_and_answer_the_same(client, backend):
+    from backends.local.engine import Request
+
+    be, _ = backend
+    served = be.models["tiny-agent"]
+    one = client.chat.completions.create(model="tiny-agent", messages=user("share"), max_tokens=8, temperature=0)
+    many = client.chat.completions.create(model="tiny-agent", messages=user("share"), max_tokens=8,
+                                          temperature=0, n=3)
+    expected = one.choices[0].model_extra["token_ids"]
+    assert [c.model_extra["token_ids"] for c in many.choices] == [expected] * 3
+    # a batch mixing a shared prompt with another one: each still gets its own answer
+    p1, p2 = served.chat.prompt_ids(user("share")), served.chat.prompt_ids(user("a much longer other prompt"))
+    futures = [served.engine.submit(Request(prompt=p, max_tokens=8, temperature=0)) for p in (p1, p2, p1)]
+    alone = served.engine.submit(Request(prompt=p2, max_tokens=8, temperature=0)).result(60)[0].token_ids
+    outs = [f.result(60)[0].token_ids for f in futures]
+    assert outs == [expected, alone, expected]
+
+
 def test_stream_n_and_stop(client):
     chunks = list(client.chat.completions.create(model="tiny-agent", messages=user("stream"), max_tokens=10,
                                                  stream=True, seed=1, n=2,

@@ -159,13 +159,17 @@ class Engine:
         else:
             model.set_adapter(adapter)
             ctx = _null()
+        # each distinct prompt is run once (a GRPO group, or n > 1, repeats one prompt); its
+        # cache is then copied out to every sequence that shares it
+        prompts: dict[tuple[int, ...], int] = {}
+        share = [prompts.setdefault(tuple(s.req.prompt), len(prompts)) for s in seqs]
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
-        width = max(len(s.req.prompt) for s in seqs)
-        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for row, s in enumerate(seqs):  # left padding: every prompt ends at the same column
-            ids[row, width - len(s.req.prompt):] = torch.tensor(s.req.prompt)
-            mask[row, width - len(s.req.prompt):] = 1
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, p in enumerate(prompts):  # left padding: every prompt ends at the same column
+            ids[row, width - len(p):] = torch.tensor(p)
+            mask[row, width - len(p):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         temps = torch.tensor([s.req.temperature for s in seqs], dtype=torch.float32, device=self.device)
@@ -175,6 +179,10 @@ class Engine:
         with ctx:
             out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
             past = out.past_key_values
+            if len(prompts) < len(seqs):
+                index = torch.tensor(share, device=self.device)
+                past.batch_select_indices(index)
+                mask, pos, out.logits = mask[index], pos[index], out.logits[index]
             for _ in range(budget):
                 logits = out.logits[:, -1, :].float()
                 tokens, logprobs = self._sample(logits, temps, top_ps, [seqs[i] for i in alive])

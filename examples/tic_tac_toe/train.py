@@ -10,8 +10,8 @@ from .game import scenarios
 CONFIG = Path(__file__).with_name("config.toml")
 
 
-def make_scenarios(n: int, seed: int, opponent: str = "random"):
-    return scenarios(n, seed=seed, opponent=opponent)
+def make_scenarios(n: int, seed: int, cfg: dict):
+    return scenarios(n, seed=seed, opponent=cfg.get("opponent", "random"))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,64 @@
+"""The 2048 agent: each turn it is shown the board and answers with a direction."""
+
+from __future__ import annotations
+
+import re
+
+from openai import AsyncOpenAI
+
+import artsdk as art
+
+from .game import DIRECTIONS, Board, board_value, tile_reward
+
+client = AsyncOpenAI(base_url="http://127.0.0.1:1/v1", api_key="unused")  # routed by art.session
+MODEL = "agent-2048"
+MAX_TURNS = 12
+SYSTEM = ("You play 2048. Tiles slide all the way in the direction you choose and equal tiles merge. "
+          "Answer with one word: up, down, left or right.")
+_WORD = re.compile(r"\b(up|down|left|right)\b", re.I)
+
+
+def parse_direction(text: str) -> str | None:
+    m = _WORD.search(text or "")
+    return m.group(1).lower() if m else None
+
+
+@art.rollout(name="2048")
+async def play(seed: int) -> dict:
+    board = Board(seed=seed)
+    moves: list[str] = []
+    for _ in range(MAX_TURNS):
+        if board.over:
+            break
+        resp = await client.chat.completions.create(
+            model=MODEL, max_tokens=6, temperature=1.0,
+            messages=[{"role": "system", "content": SYSTEM},
+                      {"role": "user", "content": f"Board:\n{board.render()}\nYour move:"}],
+        )
+        answer = resp.choices[0].message.content or ""
+        direction = parse_direction(answer)
+        if direction is None or not board.can_move(direction):
+            # part of the game: an unreadable or useless move ends it, and is penalized
+            return {"max_tile": board.max_tile, "cells": board.cells, "moves": moves, "invalid": answer[:40]}
+        board.move(direction)
+        moves.append(direction)
+    return {"max_tile": board.max_tile, "cells": board.cells, "moves": moves, "invalid": None}
+
+
+@art.reward
+def largest_tile(traj: art.Trajectory) -> float:
+    return tile_reward(traj.outcome["max_tile"])
+
+
+@art.reward(weight=0.5)
+def board(traj: art.Trajectory) -> float:
+    return board_value(traj.outcome["cells"])
+
+
+@art.reward
+def invalid_move(traj: art.Trajectory) -> float:
+    return -0.5 if traj.outcome.get("invalid") is not None else 0.0
+
+
+REWARDS = [largest_tile, board, invalid_move]
+__all__ = ["DIRECTIONS", "play", "REWARDS", "parse_direction"]
