@@ -28,9 +28,10 @@ def load_config(path: Path, argv: Sequence[str] | None) -> dict[str, Any]:
     ap.add_argument("--group-size", type=int)
     ap.add_argument("--scenarios-per-step", type=int)
     ap.add_argument("--eval-games", type=int)
+    ap.add_argument("--out", type=Path, help="write the figures (eval before/after, each step) here as JSON")
     a = ap.parse_args(argv)
     cfg = tomllib.loads(a.config.read_text())
-    for key in ("steps", "base_model", "group_size", "scenarios_per_step", "eval_games"):
+    for key in ("steps", "base_model", "group_size", "scenarios_per_step", "eval_games", "out"):
         if getattr(a, key) is not None:
             cfg[key] = getattr(a, key)
     return cfg
@@ -73,7 +74,21 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
 
 
 def main(config_path: Path, rollout: art.Rollout, rewards: list[Any],
-         make_scenarios: Callable[[int, int, dict[str, Any]], list[Any]], argv: Sequence[str] | None = None) -> None:
+         make_scenarios: Callable[[int, int, dict[str, Any]], list[Any]], argv: Sequence[str] | None = None,
+         rewards_for: Callable[[dict[str, Any]], list[Any]] | None = None) -> None:
+    """Run an example from the command line; ``rewards_for(config)`` may pick the rewards
+    from the config (an optional LLM judge, say)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = load_config(config_path, argv if argv is not None else sys.argv[1:])
-    asyncio.run(train(cfg, rollout, rewards, make_scenarios))
+    if rewards_for is not None:
+        rewards = rewards_for(cfg)
+    result = asyncio.run(train(cfg, rollout, rewards, make_scenarios))
+    if cfg.get("out"):
+        import json
+
+        out = Path(cfg["out"])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        command = "python -m " + rollout.fn.__module__.rsplit(".", 1)[0] + ".train " + " ".join(
+            argv if argv is not None else sys.argv[1:])
+        out.write_text(json.dumps({**result, "config": {k: v for k, v in cfg.items() if k != "out"},
+                                   "command": command.strip()}, indent=2, default=str))

@@ -32,6 +32,7 @@ class Puzzle:
     times: list[str]
     solution: Solution
     clues: list[str]
+    rules: list[Clue] = field(default_factory=list, repr=False)  # the clues as predicates
 
     def prompt(self) -> str:
         lines = [
@@ -106,6 +107,7 @@ def generate(seed: int, size: int = 4) -> Puzzle:
         rest = [c for c in chosen if c is not clue]
         if [c for c in p.candidates() if all(k.holds(c) for k in rest)] == [p.solution]:
             chosen = rest
+    p.rules = chosen
     p.clues = [c.text for c in chosen]
     return p
 

@@ -1,0 +1,174 @@
+"""The examples: game engines and generators, offline reward tests on hand-made
+trajectories, and a short end-to-end run of each with the tiny model."""
+
+import json
+
+import pytest
+
+import artsdk as art
+from artsdk.testing import trajectory
+from examples.email_agent import agent as email
+from examples.email_agent.inbox import Question
+from examples.game_2048 import agent as g2048
+from examples.game_2048.game import Board, board_value, tile_reward
+from examples.temporal_clue import agent as clue
+from examples.temporal_clue.puzzle import generate, parse_answer, score
+from examples.tic_tac_toe import agent as ttt
+from examples.tic_tac_toe.game import Game, opponent_move, winner_of
+
+pytestmark = pytest.mark.anyio
+
+
+def convo(answer, question="your move"):
+    return [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+
+
+# -- tic-tac-toe ----------------------------------------------------------------------------
+
+def test_tic_tac_toe_rules_and_minimax():
+    import random
+
+    assert winner_of(tuple("XXXOO....")) == "x"
+    assert winner_of(tuple("XOXXOOOXX")) == "draw"
+    assert winner_of(tuple("X........")) is None
+    g = Game(opponent="minimax", board=list("XX.OO...."))
+    assert opponent_move(g, random.Random(0)) == "B3"  # takes its own win before blocking
+    g = Game(opponent="minimax", board=list("XX..O...."))
+    assert opponent_move(g, random.Random(0)) == "A3"  # must block
+    assert ttt.parse_move("I play b2.") == "B2" and ttt.parse_move("A2B3") == "A2"
+    assert ttt.parse_move("the middle") is None
+
+
+def test_tic_tac_toe_rewards():
+    win = trajectory(convo("B2"), outcome={"winner": "x", "invalid": None, "moves": ["B2", "A1", "C3"]})
+    draw = trajectory(convo("B2"), outcome={"winner": "draw", "invalid": None, "moves": ["B2"] * 5})
+    loss = trajectory(convo("B2"), outcome={"winner": "o", "invalid": None, "moves": ["B2", "A1"]})
+    bad = trajectory(convo("banana"), outcome={"winner": None, "invalid": "banana", "moves": []})
+    assert [ttt.result(t) for t in (win, draw, loss, bad)] == [1.0, 0.5, 0.0, -0.5]
+    assert ttt.legal_moves(draw) == 1.0 and ttt.legal_moves(bad) == 0.0
+
+
+# -- 2048 -----------------------------------------------------------------------------------
+
+def test_2048_engine():
+    b = Board(cells=[2, 2, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2])
+    b.move("left")
+    assert b.rows()[0] == [4, 8, 0, 0] and b.score == 12
+    full = Board(cells=[2, 4, 2, 4, 4, 2, 4, 2, 2, 4, 2, 4, 4, 2, 4, 2])
+    assert full.over and full.legal() == []
+    with pytest.raises(ValueError, match="does not move"):
+        Board(cells=[2, 0, 0, 0] + [0] * 12).move("left")
+    assert Board(seed=3).cells == Board(seed=3).cells  # seeded
+    assert tile_reward(2048) == 1.0 and tile_reward(2) == pytest.approx(1 / 11)
+    assert g2048.parse_direction("I'd go Left!") == "left" and g2048.parse_direction("north") is None
+
+
+def test_2048_rewards():
+    good = trajectory(convo("left"), outcome={"max_tile": 64, "cells": [64, 32] + [0] * 14, "moves": ["left"],
+                                              "invalid": None})
+    bad = trajectory(convo("north"), outcome={"max_tile": 2, "cells": [2, 2] + [0] * 14, "moves": [],
+                                              "invalid": "north"})
+    assert g2048.largest_tile(good) == pytest.approx(6 / 11)
+    assert g2048.board(good) == pytest.approx(board_value([96]))
+    assert g2048.invalid_move(bad) == -0.5 and g2048.invalid_move(good) == 0.0
+
+
+# -- Temporal Clue --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [3, 4])
+def test_every_puzzle_has_exactly_one_solution_and_no_idle_clue(size):
+    from examples.temporal_clue.puzzle import solutions
+
+    for seed in range(60):
+        p = generate(seed, size=size)
+        assert solutions(p, p.rules) == [p.solution], seed
+        for i in range(len(p.rules)):  # every clue is needed
+            assert len(solutions(p, p.rules[:i] + p.rules[i + 1:])) > 1, (seed, p.clues[i])
+        assert generate(seed, size=size).clues == p.clues  # seeded
+
+
+def test_clue_parsing_and_reward():
+    p = generate(7, size=3)
+    right = "WHO: {}\nWEAPON: {}\nROOM: {}\nTIME: {}".format(*p.solution)
+    assert score(p, right) == 1.0
+    assert score(p, right.replace(p.solution[2], "nowhere")) == 0.75
+    assert score(p, "the butler did it") == 0.0
+    assert parse_answer("who: Alice.\nTime: 9pm") == {"suspect": "alice", "time": "9pm"}
+    t = trajectory(convo(right), outcome={"score": 1.0})
+    assert clue.correct(t) == 1.0
+
+
+# -- email agent ----------------------------------------------------------------------------
+
+def test_inbox_and_tools():
+    inbox = email.inbox()
+    assert inbox.count() >= 2000
+    qs = email.questions()
+    assert len(qs) >= 100 and len({q.question + q.mailbox for q in qs}) == len(qs)
+    q = qs[5]
+    body = inbox.read(q.source)["body"]
+    assert q.answer in body
+    hits = inbox.search([w.strip("?") for w in q.question.split()[-2:]], mailbox=q.mailbox)
+    assert any(h["id"] == q.source for h in hits)
+    assert inbox.search(["zzzz-no-such-word"]) == [] and inbox.read(10**9) is None
+
+
+def _email_traj(answer, sources=(), found=(), read=(), turns=2, q=None):
+    q = q or Question(0, "ana", "How much is invoice INV-1?", "$10.00", 7)
+    return trajectory(convo(answer or "", q.question), scenario={"q": q.__dict__},
+                      outcome={"answer": answer, "sources": list(sources), "found": list(found),
+                               "read": list(read), "turns": turns})
+
+
+def test_email_rewards():
+    assert email.correct(_email_traj("It is $10.00", sources=[7])) == 1.0
+    assert email.correct(_email_traj("It is $10.00", sources=[3])) == 0.7
+    assert email.correct(_email_traj("I don't know")) == 0.0
+    assert email.correct(_email_traj("$99.00")) == -0.5  # wrong is worse than admitting it
+    assert email.correct(_email_traj(None)) == 0.0
+    assert email.progress(_email_traj("x", found=[7, 8], read=[7])) == pytest.approx(0.2)
+    assert email.progress(_email_traj("x", found=[7])) == pytest.approx(0.1)
+    assert email.turns(_email_traj("x", turns=6)) == pytest.approx(-0.06)
+
+
+async def test_email_judge_uses_the_same_client(server, monkeypatch):
+    from openai import AsyncOpenAI
+
+    # (a client of this test's own: an async client's connections belong to one event loop)
+    judge_client = AsyncOpenAI(base_url=server.base_url, api_key="k")
+    monkeypatch.setattr(email, "client", judge_client)
+    judge = email.judged("judge-model")
+    # the scripted server echoes, so the judge's reply contains "yes" only if the prompt does
+    t = _email_traj("yes indeed, ten dollars")
+    assert await judge.fn(t) == 1.2
+    assert await judge.fn(_email_traj("$10.00")) == 0.0  # the rule already accepts it: no call
+    assert server.requests[-1]["body"]["model"] == "judge-model"
+    await judge_client.close()
+
+
+# -- every example end to end with the tiny model --------------------------------------------
+
+@pytest.mark.parametrize("name", ["tic_tac_toe", "game_2048", "temporal_clue", "email_agent"])
+async def test_example_trains_end_to_end(name, art_store, tmp_path):
+    import importlib
+
+    from examples.runner import load_config, train
+
+    mod = importlib.import_module(f"examples.{name}.train")
+    rollout = next(v for v in vars(importlib.import_module(f"examples.{name}.agent")).values()
+                   if isinstance(v, art.Rollout))
+    rewards = getattr(mod, "REWARDS", None) or getattr(importlib.import_module(f"examples.{name}.agent"),
+                                                      "REWARDS", [ttt.result, ttt.legal_moves])
+    make = getattr(mod, "make_scenarios", None) or (lambda n, seed, cfg: mod.scenarios(n, seed))
+    cfg = load_config(mod.CONFIG, ["--steps", "2", "--base-model", "tiny", "--eval-games", "2",
+                                   "--scenarios-per-step", "2", "--group-size", "2"])
+    art.configure(backend_options={"device": "cpu", "home": str(tmp_path / "home")})
+    result = await train(cfg, rollout, rewards, make)
+    assert len(result["history"]) == 2 and result["history"][-1]["step"] == 2
+    project = cfg["project"]
+    trajs = art_store.trajectories(project=project)
+    assert len(trajs) == 2 + 2 * 4 + 2  # eval, two steps of 2x2, eval
+    assert all(t.calls and t.reward is not None for t in trajs if t.error is None)
+    assert all(c.choices and c.choices[0].trainable for t in trajs for c in t.calls), [c.error for t in trajs for c in t.calls if c.error][:3]
+    assert art_store.steps(project, cfg["model"])[-1]["step"] == 2
+    json.dumps([t.outcome for t in trajs])  # outcomes are plain JSON
