@@ -37,14 +37,20 @@ def load_config(path: Path, argv: Sequence[str] | None) -> dict[str, Any]:
     return cfg
 
 
-async def evaluate(rollout: art.Rollout, scenarios: list[Any], rewards: list[Any]) -> float:
+async def evaluate(rollout: art.Rollout, scenarios: list[Any], rewards: list[Any],
+                   success: Callable[[art.Trajectory], bool] | None = None) -> tuple[float, float | None]:
+    """(mean reward, share of scenarios that ``success`` counts as solved) on held-out scenarios."""
     groups = await art.gather(rollout, scenarios, group_size=1, rewards=rewards)
-    scored = [t.reward for g in groups for t in g.scored]
-    return sum(scored) / len(scored) if scored else float("nan")
+    trajs = [t for g in groups for t in g]
+    scored = [t.reward for t in trajs if t.reward is not None]
+    mean = sum(scored) / len(scored) if scored else float("nan")
+    rate = sum(1 for t in trajs if t.error is None and success(t)) / len(trajs) if success and trajs else None
+    return mean, rate
 
 
 async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
-                make_scenarios: Callable[[int, int, dict[str, Any]], list[Any]]) -> dict[str, Any]:
+                make_scenarios: Callable[[int, int, dict[str, Any]], list[Any]],
+                success: Callable[[art.Trajectory], bool] | None = None) -> dict[str, Any]:
     art.configure(project=cfg["project"])
     model = art.TrainableModel(cfg["model"], base_model=cfg["base_model"], project=cfg["project"],
                                config={"train": {"learning_rate": cfg.get("learning_rate", 1e-4),
@@ -54,8 +60,9 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
           f"({art.settings().backend} backend, store {art.settings().store_url})", flush=True)
     async with art.session(model) as run:
         held_out = make_scenarios(cfg.get("eval_games", 16), 10_000, cfg)
-        before = await evaluate(rollout, held_out, rewards)
-        print(f"eval before: mean reward {before:.3f} over {len(held_out)} games", flush=True)
+        before, rate_before = await evaluate(rollout, held_out, rewards, success)
+        print(f"eval before: mean reward {before:.3f} over {len(held_out)} games"
+              + (f", solved {rate_before:.0%}" if rate_before is not None else ""), flush=True)
         history = []
         for step in range(cfg["steps"]):
             groups = await art.gather(rollout, make_scenarios(cfg["scenarios_per_step"], step, cfg),
@@ -67,22 +74,25 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
             print(f"step {result.step}: reward {mean:.3f}  loss {m.get('loss', 0):+.4f}  "
                   f"groups trained {result.groups_trained} skipped {result.groups_skipped}  "
                   f"tokens {int(m.get('tokens_trained', 0))}  {m.get('seconds', 0):.1f}s", flush=True)
-        after = await evaluate(rollout, held_out, rewards)
-        print(f"eval after {cfg['steps']} steps: mean reward {after:.3f} over {len(held_out)} games "
-              f"(before {before:.3f}); {time.monotonic() - t0:.0f}s in all", flush=True)
-    return {"before": before, "after": after, "history": history}
+        after, rate_after = await evaluate(rollout, held_out, rewards, success)
+        print(f"eval after {cfg['steps']} steps: mean reward {after:.3f} over {len(held_out)} games"
+              + (f", solved {rate_after:.0%}" if rate_after is not None else "")
+              + f" (before {before:.3f}); {time.monotonic() - t0:.0f}s in all", flush=True)
+    return {"before": before, "after": after, "solved_before": rate_before, "solved_after": rate_after,
+            "eval_scenarios": len(held_out), "history": history}
 
 
 def main(config_path: Path, rollout: art.Rollout, rewards: list[Any],
          make_scenarios: Callable[[int, int, dict[str, Any]], list[Any]], argv: Sequence[str] | None = None,
-         rewards_for: Callable[[dict[str, Any]], list[Any]] | None = None) -> None:
+         rewards_for: Callable[[dict[str, Any]], list[Any]] | None = None,
+         success: Callable[[art.Trajectory], bool] | None = None) -> None:
     """Run an example from the command line; ``rewards_for(config)`` may pick the rewards
     from the config (an optional LLM judge, say)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = load_config(config_path, argv if argv is not None else sys.argv[1:])
     if rewards_for is not None:
         rewards = rewards_for(cfg)
-    result = asyncio.run(train(cfg, rollout, rewards, make_scenarios))
+    result = asyncio.run(train(cfg, rollout, rewards, make_scenarios, success))
     if cfg.get("out"):
         import json
 

@@ -7,6 +7,7 @@ tool calls. What it answers is decided by the last user message:
 - ``"tool please"`` with tools given: a call to the first tool with ``{"q": "<content>"}``
 - ``"bad json"``: an HTTP 400 error
 - ``"sleep 0.05 ..."``: waits that many seconds first
+- ``"json {...}"``: answers with the JSON after the word, as is
 - anything else: ``"echo: <last user content>"``
 
 Each character of the answer is one "token" (id = its code point), logprob -0.5.
@@ -45,6 +46,8 @@ def make_app(step: int = 0) -> FastAPI:
             name = body["tools"][0]["function"]["name"]
             return None, [{"id": f"call_{i}", "type": "function",
                            "function": {"name": name, "arguments": json.dumps({"q": text})}}]
+        if text.startswith("json "):
+            return text[5:], None
         suffix = f"#{i}" if body.get("n", 1) > 1 else ""
         return f"echo{suffix}: {text}", None
 

@@ -163,8 +163,9 @@ async def test_example_trains_end_to_end(name, art_store, tmp_path):
     cfg = load_config(mod.CONFIG, ["--steps", "2", "--base-model", "tiny", "--eval-games", "2",
                                    "--scenarios-per-step", "2", "--group-size", "2"])
     art.configure(backend_options={"device": "cpu", "home": str(tmp_path / "home")})
-    result = await train(cfg, rollout, rewards, make)
+    result = await train(cfg, rollout, rewards, make, success=lambda t: True)
     assert len(result["history"]) == 2 and result["history"][-1]["step"] == 2
+    assert result["eval_scenarios"] == 2 and result["solved_before"] == 1.0
     project = cfg["project"]
     trajs = art_store.trajectories(project=project)
     assert len(trajs) == 2 + 2 * 4 + 2  # eval, two steps of 2x2, eval

@@ -133,3 +133,26 @@ async def test_rerun_with_explicit_arguments_and_litellm(server, art_store):
     again = await art.replay.rerun(agent, original, "hey")
     assert again.outcome == original.outcome == "echo: hey|echo: hey!"
     assert len(server.requests) == n
+
+
+async def test_rerun_replays_parse_with_the_parsed_object(server, art_store):
+    from pydantic import BaseModel
+
+    class Answer(BaseModel):
+        text: str
+        score: int
+
+    client = AsyncOpenAI(base_url=server.base_url, api_key="k")
+
+    @art.rollout
+    async def structured(q: str) -> dict:
+        r = await client.chat.completions.parse(
+            model="m", messages=[{"role": "user", "content": q}], response_format=Answer)
+        return r.choices[0].message.parsed.model_dump()
+
+    original = await structured.collect('json {"text": "hi", "score": 3}')
+    assert original.outcome == {"text": "hi", "score": 3}
+    n = len(server.requests)
+    again = await art.replay.rerun(structured, art_store.get(original.id))
+    assert again.outcome == original.outcome and len(server.requests) == n
+    await client.close()

@@ -218,11 +218,12 @@ def _replay(resource: Any, kwargs: dict[str, Any], kind: str, cassette: context.
         return cls(cast_to=ChatCompletionChunk, response=response, client=client)
     completion = ChatCompletion.model_validate(response_from_call(call))
     if kind == "parse":
+        from openai import omit
         from openai.lib._parsing._completions import parse_chat_completion
 
         return parse_chat_completion(
-            response_format=kwargs.get("response_format", completion),  # type: ignore[arg-type]
-            input_tools=kwargs.get("tools", []),
+            response_format=kwargs.get("response_format", omit),
+            input_tools=kwargs.get("tools", omit),
             chat_completion=completion,
         )
     return completion

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from examples.runner import main
 
-from .agent import REWARDS, judged, questions, research
+from .agent import REWARDS, is_correct, judged, questions, research
 
 CONFIG = Path(__file__).with_name("config.toml")
 
@@ -19,5 +19,10 @@ def rewards(cfg: dict):
     return REWARDS + ([judged(cfg["judge_model"])] if cfg.get("judge_model") else [])
 
 
+def answered_right(traj) -> bool:
+    q = traj.scenario["q"]
+    return is_correct(traj.outcome.get("answer"), q.answer if hasattr(q, "answer") else q["answer"])
+
+
 if __name__ == "__main__":
-    main(CONFIG, research, REWARDS, make_scenarios, rewards_for=rewards)
+    main(CONFIG, research, REWARDS, make_scenarios, rewards_for=rewards, success=answered_right)

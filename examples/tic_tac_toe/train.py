@@ -14,5 +14,9 @@ def make_scenarios(n: int, seed: int, cfg: dict):
     return scenarios(n, seed=seed, opponent=cfg.get("opponent", "random"))
 
 
+def won(traj) -> bool:
+    return traj.outcome.get("winner") == "x"
+
+
 if __name__ == "__main__":
-    main(CONFIG, play, [result, legal_moves], make_scenarios)
+    main(CONFIG, play, [result, legal_moves], make_scenarios, success=won)
