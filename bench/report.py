@@ -159,9 +159,10 @@ def examples_page() -> None:
     lines += ["", *notes, "",
               "Rewards: tic-tac-toe win 1, draw 0.5, loss 0, illegal move -0.5, +0.02 per legal move; "
               "2048 log2(largest tile)/11 + 0.5 x log-scaled board total, -0.5 for an invalid move; "
-              "Temporal Clue the fraction of who/weapon/room/time right; email agent 1 for the right "
+              "Temporal Clue the fraction of who/weapon/room/time right + 0.2 x the fraction of the four answer lines present; email agent 1 for the right "
               "answer with its source (0.7 without), 0 for \"I don't know\", -0.5 for a wrong answer, "
-              "+0.1 each for finding and reading the right email, -0.02 per turn past the third.", ""]
+              "+0.1 each for finding and reading the right email, +0.1 for any well-formed tool call, "
+              "-0.02 per turn past the third.", ""]
     (DOC.parent / "examples.md").write_text("\n".join(lines))
 
 

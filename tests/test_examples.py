@@ -94,8 +94,10 @@ def test_clue_parsing_and_reward():
     assert score(p, right.replace(p.solution[2], "nowhere")) == 0.75
     assert score(p, "the butler did it") == 0.0
     assert parse_answer("who: Alice.\nTime: 9pm") == {"suspect": "alice", "time": "9pm"}
-    t = trajectory(convo(right), outcome={"score": 1.0})
-    assert clue.correct(t) == 1.0
+    t = trajectory(convo(right), outcome={"score": 1.0, "parsed": parse_answer(right)})
+    assert clue.correct(t) == 1.0 and clue.answer_format(t) == 1.0
+    half = trajectory(convo("WHO: x\nROOM: y"), outcome={"score": 0.0, "parsed": parse_answer("WHO: x\nROOM: y")})
+    assert clue.correct(half) == 0.0 and clue.answer_format(half) == 0.5
 
 
 # -- email agent ----------------------------------------------------------------------------
@@ -113,11 +115,11 @@ def test_inbox_and_tools():
     assert inbox.search(["zzzz-no-such-word"]) == [] and inbox.read(10**9) is None
 
 
-def _email_traj(answer, sources=(), found=(), read=(), turns=2, q=None):
+def _email_traj(answer, sources=(), found=(), read=(), turns=2, q=None, tool_calls=0):
     q = q or Question(0, "ana", "How much is invoice INV-1?", "$10.00", 7)
     return trajectory(convo(answer or "", q.question), scenario={"q": q.__dict__},
                       outcome={"answer": answer, "sources": list(sources), "found": list(found),
-                               "read": list(read), "turns": turns})
+                               "read": list(read), "turns": turns, "tool_calls": tool_calls})
 
 
 def test_email_rewards():
@@ -129,6 +131,7 @@ def test_email_rewards():
     assert email.progress(_email_traj("x", found=[7, 8], read=[7])) == pytest.approx(0.2)
     assert email.progress(_email_traj("x", found=[7])) == pytest.approx(0.1)
     assert email.turns(_email_traj("x", turns=6)) == pytest.approx(-0.06)
+    assert email.tool_use(_email_traj("x", tool_calls=2)) == 0.1 and email.tool_use(_email_traj("x")) == 0.0
 
 
 async def test_email_judge_uses_the_same_client(server, monkeypatch):

@@ -69,7 +69,7 @@ async def research(q: Question) -> dict:
               "answer \"I don't know\".")
     messages: list[dict[str, Any]] = [{"role": "system", "content": system},
                                       {"role": "user", "content": q.question}]
-    seen: dict[str, set[int]] = {"found": set(), "read": set()}
+    seen: dict[str, set[int]] = {"found": set(), "read": set(), "calls": set()}
     for turn in range(1, MAX_TURNS + 1):
         resp = await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS,
                                                     max_tokens=96, temperature=1.0)
@@ -85,6 +85,7 @@ async def research(q: Question) -> dict:
             except ValueError as e:  # a malformed call is part of the episode: the model sees why
                 result: Any = f"invalid arguments: {e}"
             else:
+                seen["calls"].add(call.id)
                 if call.function.name == "answer":
                     sources = [s for s in args.get("sources", []) if isinstance(s, int)]
                     return _outcome(str(args.get("text", "")), sources, turn, seen)
@@ -94,7 +95,7 @@ async def research(q: Question) -> dict:
 
 
 def _outcome(text: Optional[str], sources: list[int], turns: int, seen: dict[str, set[int]]) -> dict:
-    return {"answer": text, "sources": sources, "turns": turns,
+    return {"answer": text, "sources": sources, "turns": turns, "tool_calls": len(seen["calls"]),
             "found": sorted(seen["found"]), "read": sorted(seen["read"])}
 
 
@@ -130,6 +131,12 @@ def progress(traj: art.Trajectory) -> float:
 
 
 @art.reward
+def tool_use(traj: art.Trajectory) -> float:
+    """0.1 for making at least one well-formed tool call: the first thing a small model learns."""
+    return 0.1 if traj.outcome.get("tool_calls", 0) > 0 else 0.0
+
+
+@art.reward
 def turns(traj: art.Trajectory) -> float:
     """-0.02 for each turn past the third."""
     return -0.02 * max(0, traj.outcome["turns"] - 3)
@@ -152,4 +159,4 @@ def judged(judge_model: str) -> art.Reward:
     return judge
 
 
-REWARDS = [correct, progress, turns]
+REWARDS = [correct, progress, tool_use, turns]

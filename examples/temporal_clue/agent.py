@@ -18,7 +18,8 @@ async def solve(seed: int) -> dict:
     puzzle = generate(seed, size=SIZE)
     resp = await client.chat.completions.create(
         model=MODEL, max_tokens=48, temperature=1.0,
-        messages=[{"role": "system", "content": "You are a careful detective."},
+        messages=[{"role": "system", "content": "You are a careful detective. You answer with four lines: "
+                                                "WHO:, WEAPON:, ROOM: and TIME:, and nothing else."},
                   {"role": "user", "content": puzzle.prompt()}],
     )
     text = resp.choices[0].message.content or ""
@@ -32,4 +33,11 @@ def correct(traj: art.Trajectory) -> float:
     return traj.outcome["score"]
 
 
-REWARDS = [correct]
+@art.reward(weight=0.2)
+def answer_format(traj: art.Trajectory) -> float:
+    """Fraction of the four labelled lines present, right or wrong: a small model has to learn
+    the format before it can be right."""
+    return len(traj.outcome["parsed"]) / 4
+
+
+REWARDS = [correct, answer_format]
