@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import socket
 import statistics
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 
 import artsdk as art
+from bench.common import save_result
 from artsdk import capture
 from openai import AsyncOpenAI, OpenAI
 
@@ -137,9 +137,7 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
-    out = Path(__file__).parent / "results" / "capture.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"cpu_count": os.cpu_count(), "rows": rows}, indent=2))
+    save_result("capture", {"cpu_count": os.cpu_count(), "rows": rows})
     for r in rows:
         if "uncaptured_ms" in r:
             print(f"{r['case']:12} uncaptured {r['uncaptured_ms']:.3f} ms/call  captured "

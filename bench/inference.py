@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 from openai import AsyncOpenAI
 
 import artsdk as art
+from bench.common import save_result
 from backends.local import LocalBackend
 
 PROMPT = [{"role": "user", "content": "Tell me a short story about a robot learning to play chess."}]
@@ -82,9 +81,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     r = asyncio.run(main_async(a))
-    out = Path(__file__).parent / "results" / "inference.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(r, indent=2))
+    save_result("inference", r)
 
 
 if __name__ == "__main__":

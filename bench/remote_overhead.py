@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import socket
 import statistics
@@ -24,6 +23,7 @@ import httpx
 from openai import AsyncOpenAI
 
 import artsdk as art
+from bench.common import save_result
 from backends.local import LocalBackend
 from backends.remote import RemoteBackend
 from bench.train_throughput import make_groups
@@ -106,9 +106,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
     r = asyncio.run(main_async(a))
-    out = Path(__file__).parent / "results" / "remote_overhead.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(r, indent=2))
+    save_result("remote_overhead", r)
     print(f"{a.model}: inference {r['through_serve']['tokens_per_s']:.0f} tok/s through artsdk serve vs "
           f"{r['in_process']['tokens_per_s']:.0f} in-process (ratio {r['inference_ratio']:.2f}); training "
           f"{r['through_serve']['seconds_per_step']:.2f} s/step vs {r['in_process']['seconds_per_step']:.2f} "

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import tempfile
 from pathlib import Path
 
 import artsdk as art
+from bench.common import save_result
 from examples.runner import load_config, train
 from examples.tic_tac_toe.agent import legal_moves, play, result
 from examples.tic_tac_toe.train import CONFIG, make_scenarios
@@ -53,9 +53,7 @@ def main() -> None:
         art.configure(home=home, store=f"{home}/store.db", progress=False)
         data = asyncio.run(train(cfg, play, [result, legal_moves], make_scenarios))
     data.update(base_model=a.base_model, config=cfg)
-    out = Path(__file__).parent / "results" / "reward_curve.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(data, indent=2, default=str))
+    save_result("reward_curve", data)
     plot(data, ROOT / "docs" / "reward_curve.png")
 
 

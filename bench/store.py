@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import artsdk as art
+from bench.common import save_result
 from artsdk.store.rows import trajectory_rows
 from artsdk.testing import trajectory
 
@@ -127,9 +128,7 @@ def main() -> None:
     }
     result["write_ratio"] = result["artsdk_write_per_s"] / result["raw_write_per_s"]
     result["read_ratio"] = result["artsdk_read_per_s"] / result["raw_read_per_s"]
-    out = Path(__file__).parent / "results" / "store.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    save_result("store", result)
     print(f"write: artsdk {result['artsdk_write_per_s']:,.0f} traj/s, raw sqlite3 "
           f"{result['raw_write_per_s']:,.0f} traj/s, ratio {result['write_ratio']:.2f}")
     print(f"read:  artsdk {result['artsdk_read_per_s']:,.0f} traj/s, raw sqlite3 "

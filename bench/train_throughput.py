@@ -11,17 +11,16 @@ next to artsdk's packed rows (which carry none). Writes bench/results/train_thro
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import anyio
 import torch
 
 import artsdk as art
+from bench.common import save_result
 from artsdk.testing import trajectory
 from backends.local import LocalBackend
 from backends.local.trainer import advantages, pack, segments, token_logprobs
@@ -118,10 +117,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     r = anyio.run(main_async, a)
-    suffix = "_tiny" if a.model == "tiny" else ""
-    out = Path(__file__).parent / "results" / f"train_throughput{suffix}.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(r, indent=2))
+    save_result("train_throughput" + ("_tiny" if a.model == "tiny" else ""), r)
     print(f"{r['model']}: {r['tokens_per_step']:.0f} tokens/step ({r['trained_tokens_per_step']:.0f} trained); "
           f"artsdk {r['artsdk_tokens_per_s']:.0f} tok/s, bare fwd+bwd {r['bare_tokens_per_s']:.0f} tok/s "
           f"(ratio {r['ratio']:.2f}), bare with full logits {r['bare_full_logits_tokens_per_s']:.0f} tok/s "

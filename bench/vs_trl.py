@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import tempfile
@@ -23,6 +22,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from bench.common import save_result
 
 PROMPT = "Name a color, then say why you like it."
 
@@ -124,9 +125,7 @@ def main() -> None:
          "steps": a.steps, "artsdk_seconds_per_step": statistics.median(ours),
          "trl_seconds_per_step": statistics.median(trl)}
     r["speedup"] = r["trl_seconds_per_step"] / r["artsdk_seconds_per_step"]
-    out = Path(__file__).parent / "results" / "vs_trl.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(r, indent=2))
+    save_result("vs_trl", r)
     print(f"{a.model}: artsdk {r['artsdk_seconds_per_step']:.2f} s/step, TRL GRPOTrainer "
           f"{r['trl_seconds_per_step']:.2f} s/step: artsdk is {r['speedup']:.2f}x TRL's speed")
 

@@ -3,7 +3,6 @@ runs, checkpoints are atomic and a resumed run matches an uninterrupted one."""
 
 import math
 
-import anyio
 import pytest
 import torch
 from openai import AsyncOpenAI

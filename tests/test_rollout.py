@@ -43,7 +43,7 @@ async def test_two_hundred_concurrent_rollouts_keep_their_own_calls(client, art_
     assert art_store.count() == 200
     stored = art_store.trajectories(group_id=groups[7].id)
     assert {t.id for t in stored} == {t.id for t in groups[7]}
-    assert all(f" r7 t2" in t.calls[2].messages[0]["content"] for t in stored)
+    assert all(" r7 t2" in t.calls[2].messages[0]["content"] for t in stored)
 
 
 async def test_plain_async_call_returns_and_sync_rollout_collects(server, art_store):

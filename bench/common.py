@@ -1,0 +1,17 @@
+"""What every benchmark shares: where results go."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def save_result(name: str, data: dict[str, Any]) -> Path:
+    """Write ``bench/results/<name>.json`` (read by ``python -m bench.report``)."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2, default=str))
+    return path
