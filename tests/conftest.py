@@ -31,6 +31,10 @@ def _isolated(tmp_path, monkeypatch):
     artsdk.configure(**{k: None for k in artsdk.Settings.model_fields})
     yield
     artsdk.configure(**{k: None for k in artsdk.Settings.model_fields})
+    if "litellm" in sys.modules:
+        # litellm caches async HTTP clients across calls; each test has its own event loop,
+        # and a client from a closed loop fails with "Event loop is closed"
+        sys.modules["litellm"].in_memory_llm_clients_cache.flush_cache()
 
 
 

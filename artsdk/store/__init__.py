@@ -20,36 +20,18 @@ from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Optional, Sequence, Union
 
 import sqlalchemy as sa
-from sqlalchemy import event
 
 from ..errors import StoreError
 from ..trajectory import Group, Trajectory
 from . import tables as T
-from .rows import Table, build_trajectories, gc_paused, dumps, group_row, loads, trajectory_rows
+from .database import connect, prepare, sqlite_path
+from .query import load, select_trajectories
+from .rows import Rows, dumps, gc_paused, group_row, loads, trajectory_rows
 from .writer import Job, Writer
-
-
-class Rows:
-    """What one submission writes: rows per table, in the order foreign keys need."""
-
-    ORDER = (T.TrajectoryRow, T.CallRow, T.ChoiceRow, T.RewardRow)
-    __slots__ = ("tables", "groups", "projects", "replace")
-
-    def __init__(self, groups: list[dict[str, Any]], projects: set[str], replace: bool) -> None:
-        self.tables: dict[Any, list[dict[str, Any]]] = {t: [] for t in self.ORDER}
-        self.groups = groups
-        self.projects = projects
-        self.replace = replace
 
 __all__ = ["Store", "default_store", "reset_default"]
 
 _open_stores: "weakref.WeakSet[Store]" = weakref.WeakSet()
-
-
-def _sqlite_path(url: sa.engine.URL) -> Optional[Path]:
-    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
-        return None
-    return Path(url.database)
 
 
 class Store:
@@ -71,84 +53,14 @@ class Store:
             parsed = sa.engine.make_url(self.url)
         except sa.exc.ArgumentError as e:
             raise StoreError(f"store URL {self.url!r} is not a valid SQLAlchemy URL: {e}") from None
-        self.path = _sqlite_path(parsed)
-        self._engine = self._connect(parsed)
-        self._check_schema(allow_foreign)
+        self.path = sqlite_path(parsed)
+        self._engine = connect(parsed, self.path)
+        prepare(self._engine, self.path, str(self.path) if self.path is not None else self.url, allow_foreign)
         home = self.path.parent if self.path is not None else Path(cfg.home)
         self._writer = Writer(self._begin, self._write, home / "unsaved",
                               name=self.path.name if self.path else "db")
         self._closed = False
         _open_stores.add(self)
-
-    # ---- opening -----------------------------------------------------------------------
-
-    def _connect(self, url: sa.engine.URL) -> sa.engine.Engine:
-        kwargs: dict[str, Any] = {}
-        if url.get_backend_name() == "sqlite":
-            if self.path is not None:
-                try:
-                    self.path.parent.mkdir(parents=True, exist_ok=True)
-                except OSError as e:
-                    raise StoreError(f"cannot create the folder for store {self.path}: {e}") from None
-            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 60}
-        try:
-            engine = sa.create_engine(url, **kwargs)
-        except (ModuleNotFoundError, sa.exc.NoSuchModuleError) as e:
-            raise StoreError(
-                f"cannot open store {self.url!r}: {e}. Install the database driver the URL "
-                f"names, or use a path for an SQLite file"
-            ) from None
-        if url.get_backend_name() == "sqlite":
-            @event.listens_for(engine, "connect")
-            def _pragmas(dbapi_conn: Any, _: Any) -> None:
-                cur = dbapi_conn.cursor()
-                cur.execute("PRAGMA busy_timeout=60000")
-                cur.execute("PRAGMA synchronous=NORMAL")
-                cur.close()
-        return engine
-
-    def _check_schema(self, allow_foreign: bool) -> None:
-        where = str(self.path) if self.path is not None else self.url
-        try:
-            with self._engine.connect() as conn:
-                names = set(sa.inspect(conn).get_table_names())
-                ours = {t for t in names if t.startswith("art_")}
-                if names and not ours and self.path is not None and not allow_foreign:
-                    raise StoreError(
-                        f"{where} is an SQLite database of another application (tables: "
-                        f"{', '.join(sorted(names)[:5])}); point `store` at a new file, or pass "
-                        f"allow_foreign=True to add artsdk's tables beside them"
-                    )
-                if "art_meta" in names:
-                    row = conn.execute(
-                        sa.text("SELECT value FROM art_meta WHERE key='schema_version'")
-                    ).first()
-                    version = int(row[0]) if row else 0
-                    if version > T.SCHEMA_VERSION:
-                        raise StoreError(
-                            f"{where} was written by a newer artsdk (schema {version}, this "
-                            f"version reads {T.SCHEMA_VERSION}); upgrade artsdk"
-                        )
-            if self.path is not None:
-                # set only once the file is known to be ours: WAL rewrites the file header
-                with self._engine.connect() as conn:
-                    conn.exec_driver_sql("PRAGMA journal_mode=WAL")
-            T.metadata.create_all(self._engine)
-            with self._engine.begin() as conn:
-                if conn.execute(sa.text("SELECT 1 FROM art_meta WHERE key='schema_version'")).first() is None:
-                    conn.execute(sa.insert(T.MetaRow.__table__),
-                                 [{"key": "schema_version", "value": str(T.SCHEMA_VERSION)}])
-        except StoreError:
-            self._engine.dispose()
-            raise
-        except sa.exc.DatabaseError as e:
-            self._engine.dispose()
-            hint = ("it is not an SQLite database or it is corrupt; move it aside and start a "
-                    "new store" if self.path is not None else "check the URL and the server")
-            raise StoreError(f"cannot open store {where}: {e.orig}; {hint}") from None
-        except sa.exc.OperationalError as e:  # pragma: no cover - covered by DatabaseError
-            self._engine.dispose()
-            raise StoreError(f"cannot open store {where}: {e.orig}") from None
 
     @contextmanager
     def _begin(self) -> Iterator[sa.Connection]:
@@ -283,31 +195,6 @@ class Store:
 
     # ---- reading -----------------------------------------------------------------------
 
-    def _filtered(
-        self, *, project: Optional[str] = None, model: Optional[str] = None,
-        step: Optional[int] = None, rollout: Optional[str] = None,
-        group_id: Optional[str] = None, ids: Optional[Sequence[str]] = None,
-        min_reward: Optional[float] = None, max_reward: Optional[float] = None,
-        error: Optional[bool] = None,
-    ) -> sa.Select:
-        t = T.TrajectoryRow.__table__
-        q = sa.select(t)
-        for col, value in (("project", project), ("model", model), ("step", step),
-                           ("rollout", rollout), ("group_id", group_id)):
-            if value is not None:
-                q = q.where(t.c[col] == value)
-        if ids is not None:
-            q = q.where(t.c.id.in_(list(ids)))
-        if min_reward is not None:
-            q = q.where(t.c.reward >= min_reward)
-        if max_reward is not None:
-            q = q.where(t.c.reward <= max_reward)
-        if error is True:
-            q = q.where(t.c.error_type.is_not(None))
-        elif error is False:
-            q = q.where(t.c.error_type.is_(None))
-        return q
-
     def trajectories(
         self, *, project: Optional[str] = None, model: Optional[str] = None,
         step: Optional[int] = None, rollout: Optional[str] = None,
@@ -321,7 +208,7 @@ class Store:
         ``error=True`` keeps only failed rollouts, ``error=False`` only finished ones.
         """
         t = T.TrajectoryRow.__table__
-        q = self._filtered(project=project, model=model, step=step, rollout=rollout,
+        q = select_trajectories(project=project, model=model, step=step, rollout=rollout,
                            group_id=group_id, ids=ids, min_reward=min_reward,
                            max_reward=max_reward, error=error)
         order = t.c.started_at.desc() if newest_first else t.c.started_at
@@ -331,42 +218,12 @@ class Store:
         return self._load(q)
 
     def _load(self, q: sa.Select) -> list[Trajectory]:
-        try:
-            with self._engine.connect() as conn:
-                rows = self._fetch(conn, q)
-                if not rows[1]:
-                    return []
-                wanted = sa.select(q.subquery().c.id)
-                children = []
-                for table in T.TRAJECTORY_CHILDREN:
-                    tt = table.__table__
-                    children.append(self._fetch(conn, sa.select(tt).where(tt.c.trajectory_id.in_(wanted))))
-        except sa.exc.DatabaseError as e:
-            raise StoreError(f"cannot read store {self.path or self.url}: {e.orig}") from None
-        return build_trajectories(rows, children[0], children[1], children[2])
-
-    def _fetch(self, conn: sa.Connection, q: sa.Select) -> Table:
-        """(column name -> index, rows as tuples)."""
-        if self._engine.dialect.name != "sqlite":
-            result = conn.execute(q)
-            return {k: i for i, k in enumerate(result.keys())}, result.all()
-        # sqlite3's own cursor: SQLAlchemy result rows cost several times more per row,
-        # and a read of thousands of trajectories is mostly rows
-        compiled = q.compile(dialect=self._engine.dialect, compile_kwargs={"render_postcompile": True})
-        params = compiled.construct_params()
-        args = [params[name] for name in (compiled.positiontup or ())]
-        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-        try:
-            cursor.execute(str(compiled), args)
-            cols = {d[0]: i for i, d in enumerate(cursor.description)}
-            return cols, cursor.fetchall()
-        finally:
-            cursor.close()
+        return load(self._engine, q, str(self.path or self.url))
 
     def get(self, trajectory_id: str) -> Trajectory:
         """One trajectory by id (a unique prefix of at least 6 characters also works)."""
         t = T.TrajectoryRow.__table__
-        q = self._filtered()
+        q = select_trajectories()
         if len(trajectory_id) < 32:
             if len(trajectory_id) < 6:
                 raise StoreError(f"trajectory id {trajectory_id!r} is too short; give at least 6 characters")
@@ -382,7 +239,7 @@ class Store:
 
     def count(self, **filters: Any) -> int:
         """How many trajectories match the filters (same names as ``trajectories``)."""
-        q = sa.select(sa.func.count()).select_from(self._filtered(**filters).subquery())
+        q = sa.select(sa.func.count()).select_from(select_trajectories(**filters).subquery())
         with self._engine.connect() as conn:
             return int(conn.execute(q).scalar() or 0)
 

@@ -10,6 +10,7 @@ from typing import Any, Iterator, Optional, Sequence
 from pydantic_core import from_json, to_json
 
 from ..trajectory import Choice, ErrorInfo, Group, LLMCall, Trajectory
+from . import tables as T
 
 
 def dumps(value: Any) -> str:
@@ -81,6 +82,19 @@ def trajectory_rows(t: Trajectory) -> tuple[dict[str, Any], list[dict], list[dic
         prev = c
     rewards = [{"trajectory_id": t.id, "name": k, "value": v} for k, v in t.rewards.items()]
     return row, calls, choices, rewards
+
+
+class Rows:
+    """What one submission writes: rows per table, in the order foreign keys need."""
+
+    ORDER = (T.TrajectoryRow, T.CallRow, T.ChoiceRow, T.RewardRow)
+    __slots__ = ("tables", "groups", "projects", "replace")
+
+    def __init__(self, groups: list[dict[str, Any]], projects: set[str], replace: bool) -> None:
+        self.tables: dict[Any, list[dict[str, Any]]] = {t: [] for t in self.ORDER}
+        self.groups = groups
+        self.projects = projects
+        self.replace = replace
 
 
 def group_row(g: Group, project: Optional[str], model: Optional[str], step: Optional[int],
