@@ -26,6 +26,11 @@ import torch
 from bench.common import save_result
 
 PROMPT = "Name a color, then say why you like it."
+# an agent-like prompt: instructions and tool descriptions ahead of the question (--long-prompt)
+LONG_PROMPT = ("You are a research assistant working in a company inbox. You can call these tools: "
+               + " ".join(f"tool_{i}(query: string, limit: integer) searches the archive number {i} and "
+                          "returns matching subjects, senders and dates;" for i in range(12))
+               + " Always answer briefly. Question: name a color, then say why you like it.")
 
 
 def reward_len(text: str) -> float:
@@ -42,7 +47,7 @@ def run_trl(a: argparse.Namespace, model_dir: str) -> list[float]:
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    data = Dataset.from_list([{"prompt": [{"role": "user", "content": PROMPT}]}] * (a.prompts * (a.steps + 1)))
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": a.prompt}]}] * (a.prompts * (a.steps + 1)))
     times: list[float] = []
 
     class Clock(TrainerCallback):
@@ -84,7 +89,7 @@ async def run_artsdk(a: argparse.Namespace) -> list[float]:
         @art.rollout
         async def answer(i: int) -> str:
             r = await client.chat.completions.create(
-                model="bench", messages=[{"role": "user", "content": PROMPT}], max_tokens=a.tokens,
+                model="bench", messages=[{"role": "user", "content": a.prompt}], max_tokens=a.tokens,
                 extra_body={"min_tokens": a.tokens})
             return r.choices[0].message.content or ""
 
@@ -114,7 +119,9 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--long-prompt", action="store_true", help="an agent-like prompt of ~400 tokens")
     a = ap.parse_args()
+    a.prompt = LONG_PROMPT if a.long_prompt else PROMPT
     torch.set_num_threads(a.threads)
     from backends.local.models import resolve
 
@@ -122,10 +129,11 @@ def main() -> None:
     ours = asyncio.run(run_artsdk(a))
     trl = run_trl(a, str(where))
     r = {"model": a.model, "prompts_per_step": a.prompts, "group_size": a.group, "tokens": a.tokens,
+         "prompt": "agent-like, ~400 tokens" if a.long_prompt else "short (one sentence)",
          "steps": a.steps, "artsdk_seconds_per_step": statistics.median(ours),
          "trl_seconds_per_step": statistics.median(trl)}
     r["speedup"] = r["trl_seconds_per_step"] / r["artsdk_seconds_per_step"]
-    save_result("vs_trl", r)
+    save_result("vs_trl_long" if a.long_prompt else "vs_trl", r)
     print(f"{a.model}: artsdk {r['artsdk_seconds_per_step']:.2f} s/step, TRL GRPOTrainer "
           f"{r['trl_seconds_per_step']:.2f} s/step: artsdk is {r['speedup']:.2f}x TRL's speed")
 
