@@ -73,7 +73,7 @@ def _load_gguf(folder: Path, filename: str) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=filename, clean_up_tokenization_spaces=False)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
     # a GGUF model is dequantized on load; drop the quantizer so it can be saved and trained
     model.hf_quantizer = None
@@ -140,7 +140,7 @@ def load(base_model: str, cache: Path, device: str, dtype: Any) -> tuple[Any, An
             model, tok = _load_gguf(Path(where), gguf)
             model = model.to(dtype)
         else:
-            tok = AutoTokenizer.from_pretrained(where)
+            tok = AutoTokenizer.from_pretrained(where, clean_up_tokenization_spaces=False)
             model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
     except (OSError, ValueError) as e:
         raise BackendError(
