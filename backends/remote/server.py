@@ -171,37 +171,42 @@ def build_app(backend: Any, backend_name: str, home: Path, api_key: Optional[str
     @app.post("/v1/art/models/{name}/train")
     async def train(name: str, body: TrainRequest) -> StreamingResponse:
         spec = await model_for(name)
-        return StreamingResponse(_train_events(spec, body), media_type="application/x-ndjson")
-
-    async def _train_events(spec: TrainableModel, body: TrainRequest) -> AsyncIterator[str]:
+        # the step starts here, before any byte is streamed: a client that hangs up at once
+        # (a dropped connection) still gets it done, and its retry gets the result
         rid = body.request_id
         previous = trainings.done(rid)
-        if previous is not None:
-            yield json.dumps({"event": "done", "replayed": True, **previous}) + "\n"
-            return
-        if rid in trainings.running:  # the same submission, retried while it runs
-            yield json.dumps({"event": "waiting", "request_id": rid}) + "\n"
-            result = await asyncio.shield(trainings.running[rid])
-            yield json.dumps({"event": "done", "replayed": True, **result}) + "\n"
-            return
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        trainings.running[rid] = future
-        task = asyncio.create_task(_train(spec, body))
+        retried = previous is not None or rid in trainings.running
+        if not retried:
+            future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            trainings.running[rid] = future
+            task = asyncio.create_task(_train(spec, body))
 
-        def settled(t: "asyncio.Task[dict[str, Any]]") -> None:
-            _settle(future, t)
-            trainings.running.pop(rid, None)  # only now: a retry until here must wait, not retrain
+            def settled(t: "asyncio.Task[dict[str, Any]]") -> None:
+                _settle(future, t)
+                trainings.running.pop(rid, None)  # only now: a retry until here must wait, not retrain
 
-        task.add_done_callback(settled)
+            task.add_done_callback(settled)
+        return StreamingResponse(_train_events(spec.name, rid, previous, retried),
+                                 media_type="application/x-ndjson")
+
+    async def _train_events(name: str, rid: str, previous: Optional[dict[str, Any]],
+                            retried: bool) -> AsyncIterator[str]:
         try:
-            lock = locks.setdefault(spec.name, asyncio.Lock())
-            yield json.dumps({"event": "queued", "request_id": rid, "waiting": lock.locked()}) + "\n"
-            while not task.done():  # keep the connection alive while the step runs
-                await asyncio.wait({task}, timeout=5)
-                if not task.done():
+            if previous is not None:
+                yield json.dumps({"event": "done", "replayed": True, **previous}) + "\n"
+                return
+            running = trainings.running.get(rid)
+            if running is None:  # finished between the request and this stream
+                yield json.dumps({"event": "done", "replayed": True, **(trainings.done(rid) or {})}) + "\n"
+                return
+            lock = locks.setdefault(name, asyncio.Lock())
+            yield json.dumps({"event": "waiting" if retried else "queued", "request_id": rid,
+                              "waiting": lock.locked()}) + "\n"
+            while not running.done():  # keep the connection alive while the step runs
+                await asyncio.wait({running}, timeout=5)
+                if not running.done():
                     yield json.dumps({"event": "running", "request_id": rid}) + "\n"
-            result = task.result()
-            yield json.dumps({"event": "done", **result}) + "\n"
+            yield json.dumps({"event": "done", "replayed": retried, **running.result()}) + "\n"
         except Exception as e:  # noqa: BLE001 - the stream is open: report in-band
             yield json.dumps({"event": "error", "message": str(e), "type": type(e).__name__}) + "\n"
 
