@@ -24,6 +24,7 @@ from contextlib import asynccontextmanager
 from importlib.metadata import entry_points
 from typing import Any, AsyncIterator, Optional, Protocol, Sequence, runtime_checkable
 
+import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
 from .capture.context import Route, routes
@@ -160,8 +161,9 @@ class Session:
         result = await self.backend.train(self.model, groups, **config)
         self.step = result.step
         self.history.append(result)
-        default_store().record_step(self.model.project, self.model.name, result.step,
-                                    result.metrics, result.checkpoint)
+        await anyio.to_thread.run_sync(  # a commit: kept off the event loop
+            default_store().record_step, self.model.project, self.model.name, result.step,
+            result.metrics, result.checkpoint)
         return result
 
 
@@ -188,7 +190,8 @@ async def session(model: TrainableModel, backend: Optional[Backend] = None,
     try:
         endpoint = await be.register(model)
         step = await be.step(model)
-        default_store().record_model(model.project, model.name, model.base_model, model.config)
+        await anyio.to_thread.run_sync(
+            default_store().record_model, model.project, model.name, model.base_model, model.config)
         run = Session(model, be, endpoint, step)
         previous = routes.get(model.name)
         routes[model.name] = Route(endpoint.base_url, endpoint.api_key, endpoint.model)

@@ -5,6 +5,7 @@
     artsdk trajectories export OUT.jsonl [filters]
     artsdk config
     artsdk serve [--backend local] [--host 127.0.0.1] [--port 7999] [--api-key KEY]
+    artsdk train examples/tic_tac_toe [--steps 5 --base-model tiny ...]
 """
 
 from __future__ import annotations
@@ -156,6 +157,26 @@ def cmd_serve(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(a: argparse.Namespace) -> int:
+    """Run ``<folder>/train.py`` as a module (``examples/tic_tac_toe`` -> ``examples.tic_tac_toe.train``)."""
+    import runpy
+    from pathlib import Path
+
+    folder = Path(a.path).resolve()
+    if not (folder / "train.py").is_file():
+        print(f"artsdk train: {a.path} has no train.py (give a folder like examples/tic_tac_toe)", file=sys.stderr)
+        return 2
+    root = Path.cwd().resolve()
+    try:
+        module = ".".join(folder.relative_to(root).parts) + ".train"
+    except ValueError:
+        root, module = folder.parent, f"{folder.name}.train"
+    sys.path.insert(0, str(root))
+    sys.argv = [str(folder / "train.py"), *a.args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="artsdk", description="Train LLM agents with RL.")
     p.add_argument("--version", action="version", version=f"artsdk {__version__}")
@@ -187,6 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--option", action="append", metavar="KEY=VALUE",
                     help="a backend option, e.g. --option device=cuda (repeatable)")
     sv.set_defaults(func=cmd_serve)
+
+    tr = sub.add_parser("train", help="train an example (or any folder with a train.py)")
+    tr.add_argument("path", help="e.g. examples/tic_tac_toe")
+    tr.add_argument("args", nargs=argparse.REMAINDER, help="passed on, e.g. --steps 5 --base-model tiny")
+    tr.set_defaults(func=cmd_train)
 
     c = sub.add_parser("config", help="print the effective settings")
     c.set_defaults(func=cmd_config)

@@ -106,7 +106,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
     r = asyncio.run(main_async(a))
-    save_result("remote_overhead", r)
+    save_result("remote_overhead" + ("_tiny" if a.model == "tiny" else ""), r)
     print(f"{a.model}: inference {r['through_serve']['tokens_per_s']:.0f} tok/s through artsdk serve vs "
           f"{r['in_process']['tokens_per_s']:.0f} in-process (ratio {r['inference_ratio']:.2f}); training "
           f"{r['through_serve']['seconds_per_step']:.2f} s/step vs {r['in_process']['seconds_per_step']:.2f} "

@@ -60,3 +60,18 @@ def test_config_command_hides_the_key(tmp_path):
     code, out, _ = run("config", cwd=tmp_path)
     data = json.loads(out)
     assert code == 0 and data["project"] == "p" and data["api_key"] == "***"
+
+
+def test_train_runs_an_example_folder(tmp_path):
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "ARTSDK_HOME": str(tmp_path / "home"), "ARTSDK_BACKEND_OPTIONS": '{"device": "cpu"}'}
+    out = subprocess.run([sys.executable, "-m", "artsdk.cli", "train", "examples/temporal_clue", "--steps", "1",
+                          "--base-model", "tiny", "--eval-games", "1", "--scenarios-per-step", "1",
+                          "--group-size", "2"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "step 1: reward" in out.stdout and "eval after 1 steps" in out.stdout
+    code, _, err = run("train", "nowhere", cwd=tmp_path)
+    assert code == 2 and "has no train.py" in err
