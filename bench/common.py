@@ -15,3 +15,14 @@ def save_result(name: str, data: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(data, indent=2, default=str))
     return path
+
+
+async def local_model(base_model: str, home: str, name: str = "bench") -> tuple[Any, Any, Any]:
+    """A local backend (CPU) serving ``base_model``: (backend, TrainableModel, Endpoint)."""
+    import artsdk as art
+    from backends.local import LocalBackend
+
+    backend = LocalBackend(device="cpu", home=home)
+    model = art.TrainableModel(name, base_model=base_model, project="bench")
+    endpoint = await backend.register(model)
+    return backend, model, endpoint

@@ -19,9 +19,7 @@ import time
 import torch
 from openai import AsyncOpenAI
 
-import artsdk as art
-from bench.common import save_result
-from backends.local import LocalBackend
+from bench.common import local_model, save_result
 
 PROMPT = [{"role": "user", "content": "Tell me a short story about a robot learning to play chess."}]
 
@@ -52,9 +50,7 @@ async def main_async(a: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
     with tempfile.TemporaryDirectory() as home:
-        be = LocalBackend(device="cpu", home=home)
-        model = art.TrainableModel("bench", base_model=a.model, project="bench")
-        endpoint = await be.register(model)
+        be, model, endpoint = await local_model(a.model, home)
         served = be.models["bench"]
         client = AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
         await serve_rate(client, "bench", 2, 4)  # warm up

@@ -23,8 +23,7 @@ import httpx
 from openai import AsyncOpenAI
 
 import artsdk as art
-from bench.common import save_result
-from backends.local import LocalBackend
+from bench.common import local_model, save_result
 from backends.remote import RemoteBackend
 from bench.train_throughput import make_groups
 
@@ -62,9 +61,7 @@ async def measure(backend, model: art.TrainableModel, a: argparse.Namespace, voc
 async def main_async(a: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as d:
         home = Path(d)
-        local = LocalBackend(device="cpu", home=str(home / "local"))
-        model = art.TrainableModel("hop", base_model=a.model, project="bench")
-        await local.register(model)
+        local, model, _ = await local_model(a.model, str(home / "local"), name="hop")
         vocab = len(local.models["hop"].tokenizer)
         inproc = await measure(local, model, a, vocab)
         await local.close()

@@ -17,7 +17,8 @@ def load(name: str) -> dict | None:
     return json.loads(p.read_text()) if p.is_file() else None
 
 
-def section_capture(r: dict) -> list[str]:
+def section_capture(rs: list[dict]) -> list[str]:
+    r = rs[0]
     out = ["## Capture overhead", "",
            "`python -m bench.capture`: the same chat calls to a scripted loopback server (its own",
            "process) with artsdk's patches removed and inside a rollout, in alternating blocks;",
@@ -35,7 +36,8 @@ def section_capture(r: dict) -> list[str]:
     return out
 
 
-def section_store(r: dict) -> list[str]:
+def section_store(rs: list[dict]) -> list[str]:
+    r = rs[0]
     return ["## Trajectory store", "",
             f"`python -m bench.store`: {r['trajectories']:,} trajectories of {r['messages_each']} messages "
             "(with token ids, logprobs and two rewards each), written as `art.gather` writes them "
@@ -69,7 +71,8 @@ def section_train(rs: list[dict]) -> list[str]:
     return out + [""]
 
 
-def section_inference(r: dict) -> list[str]:
+def section_inference(rs: list[dict]) -> list[str]:
+    r = rs[0]
     out = ["## Inference", "",
            f"`python -m bench.inference`: {r['model'].split('/')[-1]}, answers of exactly "
            f"{r['tokens_per_answer']} tokens; the server over HTTP against Hugging Face `generate` on the "
@@ -124,7 +127,8 @@ def section_remote(rs: list[dict]) -> list[str]:
     return out
 
 
-def section_curve(r: dict) -> list[str]:
+def section_curve(rs: list[dict]) -> list[str]:
+    r = rs[0]
     rows = ["## Reward curve: tic-tac-toe on SmolLM2-135M", "",
             f"`python -m bench.reward_curve --steps {len(r['history'])}`: the tic-tac-toe example "
             f"({r['config']['scenarios_per_step']} games x group {r['config']['group_size']} per step, "
@@ -138,6 +142,17 @@ def section_curve(r: dict) -> list[str]:
     rows += ["", f"Held-out mean reward: {r['before']:.3f} before, {r['after']:.3f} after.", ""]
     return rows
 
+
+# (result files, in the order their rows appear) -> the section rendering them
+SECTIONS = [
+    (("capture",), section_capture),
+    (("store",), section_store),
+    (("train_throughput_tiny", "train_throughput"), section_train),
+    (("inference",), section_inference),
+    (("vs_trl", "vs_trl_long"), section_trl),
+    (("remote_overhead_tiny", "remote_overhead"), section_remote),
+    (("reward_curve",), section_curve),
+]
 
 EXAMPLES = [
     ("tic_tac_toe", "Tic-tac-toe", "won (vs. random opponent)"),
@@ -186,25 +201,10 @@ def main() -> None:
              "noisy: compare the ratios of one run, not timings across runs. Each section says the",
              "command that produced it; `python -m bench.report` rewrites this page from",
              "`bench/results/`.", ""]
-    for name, fn in (("capture", section_capture), ("store", section_store)):
-        r = load(name)
-        if r:
-            lines += fn(r)
-    trains = [r for r in (load("train_throughput_tiny"), load("train_throughput")) if r]
-    if trains:
-        lines += section_train(trains)
-    r = load("inference")
-    if r:
-        lines += section_inference(r)
-    trl = [r for r in (load("vs_trl"), load("vs_trl_long")) if r]
-    if trl:
-        lines += section_trl(trl)
-    hops = [r for r in (load("remote_overhead_tiny"), load("remote_overhead")) if r]
-    if hops:
-        lines += section_remote(hops)
-    r = load("reward_curve")
-    if r:
-        lines += section_curve(r)
+    for names, section in SECTIONS:
+        found = [r for r in map(load, names) if r]
+        if found:
+            lines += section(found)
     DOC.write_text("\n".join(lines))
     examples_page()
     print(f"wrote {DOC} and docs/examples.md")

@@ -20,9 +20,8 @@ import anyio
 import torch
 
 import artsdk as art
-from bench.common import save_result
+from bench.common import local_model, save_result
 from artsdk.testing import trajectory
-from backends.local import LocalBackend
 from backends.local.trainer import advantages, pack, segments, token_logprobs
 
 
@@ -72,9 +71,7 @@ async def main_async(a: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
     with tempfile.TemporaryDirectory() as home:
-        be = LocalBackend(device="cpu", home=home)
-        model = art.TrainableModel("bench", base_model=a.model, project="bench")
-        await be.register(model)
+        be, model, _ = await local_model(a.model, home)
         served = be.models["bench"]
         groups = make_groups(a.groups, a.group_size, vocab=len(served.tokenizer))
         ours, calls, bare, full, tokens = [], [], [], [], 0
