@@ -31,6 +31,11 @@ def _isolated(tmp_path, monkeypatch):
     artsdk.configure(**{k: None for k in artsdk.Settings.model_fields})
     yield
     artsdk.configure(**{k: None for k in artsdk.Settings.model_fields})
+    # finalize what the test left behind (an unclosed async client, say) now, not in the
+    # middle of a later test running on another event loop
+    import gc
+
+    gc.collect()
     if "litellm" in sys.modules:
         # litellm caches async HTTP clients across calls; each test has its own event loop,
         # and a client from a closed loop fails with "Event loop is closed"

@@ -152,11 +152,18 @@ async def test_email_judge_uses_the_same_client(server, monkeypatch):
 # -- every example end to end with the tiny model --------------------------------------------
 
 @pytest.mark.parametrize("name", ["tic_tac_toe", "game_2048", "temporal_clue", "email_agent"])
-async def test_example_trains_end_to_end(name, art_store, tmp_path):
+async def test_example_trains_end_to_end(name, art_store, tmp_path, monkeypatch):
     import importlib
+
+    from openai import AsyncOpenAI
 
     from examples.runner import load_config, train
 
+    # the example's client, as in the example, but this test's own: an async client's
+    # connections belong to the event loop they were made in
+    agent_module = importlib.import_module(f"examples.{name}.agent")
+    client = AsyncOpenAI(base_url="http://127.0.0.1:1/v1", api_key="unused")
+    monkeypatch.setattr(agent_module, "client", client)
     mod = importlib.import_module(f"examples.{name}.train")
     rollout = next(v for v in vars(importlib.import_module(f"examples.{name}.agent")).values()
                    if isinstance(v, art.Rollout))
@@ -176,3 +183,4 @@ async def test_example_trains_end_to_end(name, art_store, tmp_path):
     assert all(c.choices and c.choices[0].trainable for t in trajs for c in t.calls), [c.error for t in trajs for c in t.calls if c.error][:3]
     assert art_store.steps(project, cfg["model"])[-1]["step"] == 2
     json.dumps([t.outcome for t in trajs])  # outcomes are plain JSON
+    await client.close()

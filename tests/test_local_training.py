@@ -53,6 +53,7 @@ async def test_full_loop_learns_to_answer_with_a_word(tmp_path, art_store):
             result = await run.train(groups)
             assert result.step == step + 1 and result.checkpoint.endswith(f"checkpoints/{step + 1}")
     await be.close()
+    await client.close()
     assert curve[0] < 0.1, curve
     assert max(curve) > 0.8, f"reward curve {curve} for word {word!r}"
     steps = art_store.steps("learn", "toy")

@@ -120,6 +120,7 @@ async def test_full_loop_through_the_server_with_config_only(serve, art_store, m
         pulled = await run.backend.pull_checkpoint(model, 1, serve.home / "pulled")
         assert (pulled / "adapter_model.safetensors").is_file() and not (pulled / "optimizer.pt").exists()
     assert art_store.steps("remote", "rt")[0]["step"] == 1
+    await client.close()
 
 
 async def test_auth_validation_and_openapi(serve):

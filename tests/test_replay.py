@@ -85,6 +85,7 @@ async def test_rerun_answers_from_the_recording_offline(server, art_store):
     dead = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="k", max_retries=0)
     again = await art.replay.rerun(make_agent(dead), loaded)
     assert again.outcome == original.outcome
+    await dead.close()
     await client.close()
 
 

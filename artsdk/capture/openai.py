@@ -64,6 +64,10 @@ def _routed(resource: Any, model: Any) -> tuple[Any, dict[str, Any] | None]:
     per_client = _routed_clients.setdefault(client, {})
     target = per_client.get(route)
     if target is None:
+        # forget copies made for sessions that have ended (their servers are gone)
+        live = set(routes.values())
+        for old in [r for r in per_client if r not in live]:
+            del per_client[old]
         target = client.with_options(base_url=route.base_url, api_key=route.api_key).chat.completions
         per_client[route] = target
     return target, ({"model": route.served_model} if route.served_model else None)
