@@ -193,7 +193,8 @@ class Engine:
                         finished_rows.append(row)
                 self.stats["tokens"] += len(alive)
                 if finished_rows:
-                    keep = [r for r in range(len(alive)) if r not in set(finished_rows)]
+                    done = set(finished_rows)
+                    keep = [r for r in range(len(alive)) if r not in done]
                     if not keep:
                         return
                     alive = [alive[r] for r in keep]
