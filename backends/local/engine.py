@@ -177,7 +177,9 @@ class Engine:
         budget = max(s.req.max_tokens for s in seqs)
         alive = list(range(len(seqs)))  # rows of the running batch -> index into seqs
         with ctx:
-            out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+            # only the last position's logits are sampled from: projecting every prompt position
+            # onto the vocabulary would cost more than the rest of the prefill on a small model
+            out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
             past = out.past_key_values
             if len(prompts) < len(seqs):
                 index = torch.tensor(share, device=self.device)
