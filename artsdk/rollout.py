@@ -17,9 +17,9 @@ import contextvars
 import functools
 import inspect
 import logging
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from time import perf_counter
-from typing import Any, Awaitable, Callable, Generic, Optional, Sequence, TypeVar, Union, overload
+from typing import Any, Awaitable, Callable, Generic, Iterator, Optional, Sequence, TypeVar, Union, overload
 
 import anyio
 
@@ -84,36 +84,14 @@ class Rollout(Generic[R]):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.is_async:
             return self._call_async(args, kwargs)
-        rec = Recorder()
-        traj = self._new(args, kwargs)
-        t0 = perf_counter()
-        token = current_recorder.set(rec)
-        try:
+        with self._recording(args, kwargs, plain=True) as traj:
             traj.outcome = self.fn(*args, **kwargs)
-            return traj.outcome
-        except Exception as e:
-            traj.error = ErrorInfo.from_exception(e)
-            raise
-        finally:
-            current_recorder.reset(token)
-            self._finish(traj, rec, perf_counter() - t0)
-            self._record_plain(traj)
+        return traj.outcome
 
     async def _call_async(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        rec = Recorder()
-        traj = self._new(args, kwargs)
-        t0 = perf_counter()
-        token = current_recorder.set(rec)
-        try:
+        with self._recording(args, kwargs, plain=True) as traj:
             traj.outcome = await self.fn(*args, **kwargs)
-            return traj.outcome
-        except Exception as e:
-            traj.error = ErrorInfo.from_exception(e)
-            raise
-        finally:
-            current_recorder.reset(token)
-            self._finish(traj, rec, perf_counter() - t0)
-            self._record_plain(traj)
+        return traj.outcome
 
     def _record_plain(self, traj: Trajectory) -> None:
         # plain calls are stored only when asked to (or inside a session): a decorated
@@ -135,6 +113,29 @@ class Rollout(Generic[R]):
             raise TypeError(f"rollout {self.name!r}: {e}") from None
         return Trajectory(rollout=self.name, scenario=dict(bound.arguments), **_context_fields())
 
+    @contextmanager
+    def _recording(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, plain: bool = False,
+                   **fields: Any) -> Iterator[Trajectory]:
+        """A trajectory that records the LLM calls made inside the block. An exception leaving
+        the block is recorded as ``error`` and goes on; a plain call's trajectory is stored
+        when recording is on."""
+        traj = self._new(args, kwargs)
+        for k, v in fields.items():
+            setattr(traj, k, v)
+        rec = Recorder()
+        t0 = perf_counter()
+        token = current_recorder.set(rec)
+        try:
+            yield traj
+        except Exception as e:
+            traj.error = ErrorInfo.from_exception(e)
+            raise
+        finally:
+            current_recorder.reset(token)
+            self._finish(traj, rec, perf_counter() - t0)
+            if plain:
+                self._record_plain(traj)
+
     def _finish(self, traj: Trajectory, rec: Recorder, duration: float) -> None:
         traj.calls = rec.close()
         traj.duration = duration
@@ -151,29 +152,21 @@ class Rollout(Generic[R]):
         """Run once and return the trajectory, unscored and unstored. Exceptions from the
         agent code (and a timeout) are recorded in ``trajectory.error``, not raised."""
         kwargs = kwargs or {}
-        traj = self._new(args, kwargs)
-        for k, v in fields.items():
-            setattr(traj, k, v)
-        rec = Recorder()
-        t0 = perf_counter()
-        token = current_recorder.set(rec)
-        try:
-            with anyio.fail_after(timeout) if timeout else nullcontext():
-                if self.is_async:
-                    traj.outcome = await self.fn(*args, **kwargs)
-                else:
-                    ctx = contextvars.copy_context()
-                    traj.outcome = await anyio.to_thread.run_sync(
-                        functools.partial(ctx.run, self.fn, *args, **kwargs),
-                        limiter=limiter, abandon_on_cancel=True,
-                    )
-        except Exception as e:
-            if isinstance(e, TimeoutError) and timeout:
-                e = TimeoutError(f"rollout {self.name!r} took longer than its timeout of {timeout} s")
-            traj.error = ErrorInfo.from_exception(e)
-        finally:
-            current_recorder.reset(token)
-        self._finish(traj, rec, perf_counter() - t0)
+        with self._recording(args, kwargs, **fields) as traj:
+            try:
+                with anyio.fail_after(timeout) if timeout else nullcontext():
+                    if self.is_async:
+                        traj.outcome = await self.fn(*args, **kwargs)
+                    else:
+                        ctx = contextvars.copy_context()
+                        traj.outcome = await anyio.to_thread.run_sync(
+                            functools.partial(ctx.run, self.fn, *args, **kwargs),
+                            limiter=limiter, abandon_on_cancel=True,
+                        )
+            except Exception as e:
+                if isinstance(e, TimeoutError) and timeout:
+                    e = TimeoutError(f"rollout {self.name!r} took longer than its timeout of {timeout} s")
+                traj.error = ErrorInfo.from_exception(e)
         return traj
 
     async def collect(self, *args: Any, **kwargs: Any) -> Trajectory:
