@@ -87,9 +87,11 @@ def _token_ids(choice: Any, tokens: Optional[list[str]]) -> Optional[list[int]]:
     if ids is None:
         extra = getattr(choice, "model_extra", None) or {}
         ids = extra.get("token_ids")
-    if ids is not None:
-        return list(ids)
-    # vLLM's --return-tokens-as-token-ids spells each token "token:123"
+    return list(ids) if ids is not None else _ids_in_tokens(tokens)
+
+
+def _ids_in_tokens(tokens: Optional[list[str]]) -> Optional[list[int]]:
+    """vLLM's --return-tokens-as-token-ids spells each token "token:123"."""
     if tokens and tokens[0].startswith("token:"):
         try:
             return [int(t[6:]) for t in tokens]
@@ -218,7 +220,7 @@ class StreamAccumulator:
             msg: dict[str, Any] = {"role": st["role"], "content": "".join(st["content"]) or None}
             if st["tool_calls"]:
                 msg["tool_calls"] = [st["tool_calls"][k] for k in sorted(st["tool_calls"])]
-            ids = st["token_ids"] or _token_ids(object(), st["tokens"])
+            ids = st["token_ids"] or _ids_in_tokens(st["tokens"])
             choices.append(
                 Choice(index=i, message=msg, finish_reason=st["finish_reason"],
                        token_ids=ids or None, logprobs=st["logprobs"] or None)
