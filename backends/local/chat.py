@@ -35,6 +35,16 @@ def _as_text(content: Any) -> str:
     return str(content)
 
 
+def message_text(message: dict[str, Any]) -> str:
+    """A message's content with its tool calls written out as the model writes them."""
+    text = _as_text(message.get("content"))
+    for tc in message.get("tool_calls") or ():
+        fn = tc.get("function", {})
+        text += (f'<tool_call>{{"name": {json.dumps(fn.get("name"))}, '
+                 f'"arguments": {fn.get("arguments") or "{}"}}}</tool_call>')
+    return text
+
+
 class ChatFormat:
     """Renders messages for one tokenizer and parses its model's answers."""
 
@@ -68,11 +78,8 @@ class ChatFormat:
         for m in messages:
             m = dict(m)
             if not self.native_tool_calls:
-                text = _as_text(m.get("content"))
-                for tc in m.pop("tool_calls", None) or ():
-                    fn = tc.get("function", {})
-                    args = fn.get("arguments", "{}")
-                    text += f'<tool_call>{{"name": {json.dumps(fn.get("name"))}, "arguments": {args}}}</tool_call>'
+                text = message_text(m)
+                m.pop("tool_calls", None)
                 if m.get("role") == "tool":
                     m["role"] = "user"
                     text = f"<tool_response>\n{text}\n</tool_response>"

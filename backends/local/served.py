@@ -19,7 +19,7 @@ from artsdk.backend import TrainableModel
 from artsdk.errors import BackendError
 
 from . import models
-from .chat import ChatFormat
+from .chat import ChatFormat, message_text
 from .checkpoints import Checkpoints
 from .engine import Engine
 from .merge import Merger
@@ -139,10 +139,7 @@ class ServedModel:
         return step, metrics, str(path)
 
     def _completion_ids(self, choice: Any) -> list[int]:
-        text = choice.message.get("content") or ""
-        for tc in choice.message.get("tool_calls") or ():
-            fn = tc.get("function", {})
-            text += f'<tool_call>{{"name": "{fn.get("name")}", "arguments": {fn.get("arguments")}}}</tool_call>'
+        text = message_text(choice.message)
         ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         return ids + [self.chat.end_id]
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import socket
 import threading
 import time
@@ -23,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from artsdk.errors import TrajectoryError
 
+from ..http import error, guard
 from .engine import Completion
 from .engine import Request as GenRequest
 from .served import ServedModel
@@ -58,34 +58,20 @@ class BadRequest(Exception):
         self.status = status
 
 
-def _error(status: int, message: str, param: Optional[str] = None, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
-                        status_code=status)
-
-
 def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[str] = None) -> FastAPI:
     app = FastAPI(title="artsdk local backend", version="1")
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Any) -> Any:
-        if api_key is not None and request.url.path != "/health":
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return _error(401, "missing or wrong API key (Authorization: Bearer <key>)", kind="authentication_error")
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > MAX_BODY:
-            return _error(413, f"request body of {length} bytes is over the limit of {MAX_BODY}")
-        return await call_next(request)
+    guard(app, api_key, MAX_BODY)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"] if x != "body")
-        return _error(400, f"{where}: {first['msg']}", param=where)
+        return error(400, f"{where}: {first['msg']}", param=where)
 
     @app.exception_handler(BadRequest)
     async def bad(_: Request, exc: BadRequest) -> JSONResponse:
-        return _error(exc.status, str(exc), exc.param)
+        return error(exc.status, str(exc), exc.param)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

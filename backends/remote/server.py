@@ -26,7 +26,6 @@ import io
 import json
 import logging
 import re
-import secrets
 import tarfile
 import time
 from pathlib import Path
@@ -40,6 +39,8 @@ from artsdk._version import __version__
 from artsdk.backend import TrainableModel
 from artsdk.errors import ArtError
 from artsdk.trajectory import Group
+
+from ..http import error, guard
 
 log = logging.getLogger("artsdk.serve")
 API_VERSION = "1"
@@ -111,21 +112,11 @@ def build_app(backend: Any, backend_name: str, home: Path, api_key: Optional[str
     locks: dict[str, asyncio.Lock] = {}
     app.state.backend = backend
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Any) -> Any:
-        if api_key is not None and request.url.path != "/health":
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return JSONResponse({"error": {"message": "missing or wrong API key", "type": "authentication_error"}},
-                                    status_code=401)
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > MAX_BODY:
-            return JSONResponse({"error": {"message": f"body of {length} bytes is over {MAX_BODY}"}}, status_code=413)
-        return await call_next(request)
+    guard(app, api_key, MAX_BODY)
 
     @app.exception_handler(ArtError)
     async def art_error(_: Request, exc: ArtError) -> JSONResponse:
-        return JSONResponse({"error": {"message": str(exc), "type": type(exc).__name__}}, status_code=400)
+        return error(400, str(exc), kind=type(exc).__name__)
 
     async def model_for(name: str) -> TrainableModel:
         if not _NAME.match(name):
