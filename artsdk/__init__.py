@@ -38,6 +38,7 @@ from .errors import (
     RewardError,
     RolloutError,
     StoreError,
+    TrainingError,
     TrajectoryError,
 )
 from .gather import gather
@@ -53,7 +54,7 @@ __all__ = [
     "__version__", "Args", "ArtError", "Backend", "BackendError", "Choice", "ConfigError",
     "Endpoint", "ErrorInfo", "Group", "LLMCall", "Message", "ReplayError", "Reward",
     "RewardError", "Rollout", "RolloutError", "Session", "Settings", "Store", "StoreError",
-    "TrainResult", "TrainableModel", "Trajectory", "TrajectoryError", "available_backends",
+    "TrainResult", "TrainableModel", "TrainingError", "Trajectory", "TrajectoryError", "available_backends",
     "check_messages", "configure", "current_session", "default_store", "gather",
     "load_backend", "replay", "reward", "rollout", "session", "settings", "testing",
 ]

@@ -36,6 +36,11 @@ class BackendError(ArtError):
     """A training backend could not be found, started or reached."""
 
 
+class TrainingError(ArtError):
+    """A training step was refused or abandoned before any weight moved (a non-finite loss
+    or gradient, say): the model, its served adapter and its checkpoints are unchanged."""
+
+
 def first_error(exc: BaseException) -> BaseException:
     """The first leaf exception of a (nested) exception group, so users see
     ``RewardError: ...`` rather than ``ExceptionGroup: unhandled errors in a TaskGroup``."""

@@ -74,7 +74,7 @@ async def test_packed_rows_match_separate_sequences(tmp_path):
         packed = token_logprobs(model, torch.tensor(a + b), torch.tensor(list(range(len(a))) + list(range(len(b)))))
     assert torch.allclose(packed[:len(a) - 1], sep_a, atol=1e-5)
     assert torch.allclose(packed[len(a):], sep_b, atol=1e-5)  # b's tokens never see a's
-    rows = pack([Segment(tokens=[0] * n) for n in (900, 700, 500, 300, 100)], budget=1000)
+    rows = pack([[Segment(tokens=[0] * n)] for n in (900, 700, 500, 300, 100)], budget=1000)
     assert sorted(sum(len(s.tokens) for s in r) for r in rows) == [500, 1000, 1000]
     await be.close()
 
@@ -86,7 +86,8 @@ def _groups(served):
         trajs = []
         for i, r in enumerate((1.0, 0.0, 0.5)):
             t = trajectory([{"role": "user", "content": "go"}, {"role": "assistant", "content": "x"}],
-                           token_ids=[10 + i, 20 + k, 30, served.chat.end_id], logprobs=[-6.0] * 4)
+                           token_ids=[10 + i, 20 + k, 30, served.chat.end_id], logprobs=[-6.0] * 4,
+                           model=served.spec.name)
             t.calls[0].prompt_token_ids = prompt
             t.reward = r
             trajs.append(t)
@@ -126,11 +127,13 @@ async def test_multi_turn_extends_one_sequence_and_bad_settings(tmp_path):
     t.calls[0].choices[0].logprobs = [-1.0, -1.0]
     t.calls[1].prompt_token_ids = p1 + [7, 8] + [3, 4]  # extends turn one: same sequence
     t.calls[1].choices[0].token_ids, t.calls[1].choices[0].logprobs = [9], [-1.0]
-    segs = segments(t, 1.0, None, None, print)
+    tk = served.tokenizing()
+    tk.policy = "test"  # the model hand-made calls name
+    segs, _ = segments(t, 1.0, tk)
     assert len(segs) == 1 and segs[0].tokens == p1 + [7, 8, 3, 4, 9]
     assert segs[0].trained == [False] * len(p1) + [True, True, False, False, True]
     t.calls[1].prompt_token_ids = [99] + p1  # does not extend: a second sequence
-    assert len(segments(t, 1.0, None, None, print)) == 2
+    assert len(segments(t, 1.0, tk)[0]) == 2
     with pytest.raises(art.BackendError, match="unknown loss 'ppo'"):
         await be.train(model, [], loss="ppo")
     with pytest.raises(art.BackendError, match=r"unknown training setting\(s\) \['lr'\]"):
@@ -186,20 +189,21 @@ async def test_in_flight_request_keeps_its_adapter(tmp_path):
     groups = _groups(served)
 
     def run(step):
-        req = Request(prompt=prompt, max_tokens=6, step=step, temperature=0)
-        return served.engine.submit(req).result(60)[0].logprobs
+        req = Request(prompt=prompt, max_tokens=6, temperature=0)
+        return served.submit(req, step).result(60)[0].logprobs
 
     await be.train(model, groups)
     at_step_1 = run(1)
-    served.engine.in_use[1] = served.engine.in_use.get(1, 0) + 1  # a request still running on step 1
+    assert served.pin() == 1  # a request still running on step 1
     await be.train(model, groups)
     assert served.step == 2 and 1 in served.serving
     assert run(1) == at_step_1  # it keeps the adapter it started with
     assert run(2) != at_step_1  # new requests get the new one
-    served.engine.in_use[1] -= 1  # it finished
+    served.unpin(1)  # it finished: an old step no request pins is no longer served
+    assert served.serving == {0, 2} and len(served.free) == 1
     await be.train(model, groups)
-    assert served.serving == {0, 3}  # steps no request uses are no longer served
-    assert len(served.free) == 2 and len(served.model.peft_config) == 4  # policy + 3 serving
+    assert served.serving == {0, 3}
+    assert len(served.free) == 1 and len(served.model.peft_config) == 3  # policy + 2 serving
     await be.train(model, groups)
-    assert served.serving == {0, 4} and len(served.model.peft_config) == 4  # a free one was reused
+    assert served.serving == {0, 4} and len(served.model.peft_config) == 3  # a free one was reused
     await be.close()

@@ -26,7 +26,7 @@ from typing import Any, Optional, Sequence
 import anyio
 
 from artsdk.backend import Endpoint, TrainableModel, TrainResult
-from artsdk.errors import BackendError
+from artsdk.errors import ArtError, BackendError
 from artsdk.trajectory import Group
 
 from .served import ServedModel
@@ -117,7 +117,9 @@ class LocalBackend:
             raise BackendError(f"model {model.name!r} is not registered with this backend; open a session first")
         try:
             step, metrics, path = await anyio.to_thread.run_sync(served.train, list(groups), config)
-        except ValueError as e:
+        except ArtError:  # TrajectoryError, TrainingError: they name the culprit already
+            raise
+        except ValueError as e:  # a bad setting
             raise BackendError(f"training {model.name!r}: {e}") from None
         return TrainResult(step=step, metrics=metrics, checkpoint=path,
                            groups_trained=int(metrics.get("groups_trained", 0)),

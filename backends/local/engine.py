@@ -2,8 +2,13 @@
 passes and samples tokens, recording each sampled token id and its logprob.
 
 Requests that arrive while a batch is running wait for the next batch (dynamic batching).
-Each request is pinned to the adapter step that was newest when it arrived, so a request in
-flight when a new adapter is published finishes on the one it started with.
+Each request names the adapter step it runs on; the model that owns the engine pins that
+step until the request is answered (see ``ServedModel.submit``), so a request in flight when
+a new adapter is published finishes on the one it started with.
+
+Recorded logprobs are those of the distribution sampled from: the logits divided by the
+request's temperature (greedy requests: temperature 1), before top-p -- what the trainer
+recomputes.
 
 The model is shared with the trainer; ``lock`` keeps a training step and a generation
 batch from running on it at the same time.
@@ -74,7 +79,6 @@ class Engine:
         self.adapter_for = adapter_for  # step -> adapter name (None: the base model)
         self.merger = merger  # merges the served adapter into the weights (see merge.py)
         self.lock = threading.RLock()
-        self.in_use: dict[int, int] = {}  # step -> sequences running on it
         self._queue: "queue.Queue[Optional[Request]]" = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="artsdk-engine", daemon=True)
         self._thread.start()
@@ -135,17 +139,14 @@ class Engine:
                     g = torch.Generator(device="cpu").manual_seed(r.seed + i)
                 seqs.append(_Seq(r, i, generator=g))
         with self.lock:
-            self.in_use[step] = self.in_use.get(step, 0) + len(seqs)
-            try:
-                self._decode(seqs, step)
-            finally:
-                self.in_use[step] -= len(seqs)
+            self._decode(seqs, step)
         for r in reqs:
             r.future.set_result([s.out for s in seqs if s.req is r])
         self.stats["batches"] += 1
         self.stats["sequences"] += len(seqs)
 
-    def _decode(self, seqs: list[_Seq], step: int) -> None:
+    def serving(self, step: int) -> Any:
+        """A context in which ``model(...)`` is the model served for ``step`` (hold ``lock``)."""
         model = self.model
         adapter = self.adapter_for(step)
         if self.merger is not None:  # the adapter merged in: a plain forward pass
@@ -153,12 +154,15 @@ class Engine:
                 self.merger.restore()
             else:
                 self.merger.merge(adapter)
-            ctx: Any = model.disable_adapter()
-        elif adapter is None:
-            ctx = model.disable_adapter() if hasattr(model, "disable_adapter") else _null()
-        else:
-            model.set_adapter(adapter)
-            ctx = _null()
+            return model.disable_adapter()
+        if adapter is None:
+            return model.disable_adapter() if hasattr(model, "disable_adapter") else _null()
+        model.set_adapter(adapter)
+        return _null()
+
+    def _decode(self, seqs: list[_Seq], step: int) -> None:
+        model = self.model
+        ctx = self.serving(step)
         # each distinct prompt is run once (a GRPO group, or n > 1, repeats one prompt); its
         # cache is then copied out to every sequence that shares it
         prompts: dict[tuple[int, ...], int] = {}
@@ -215,14 +219,14 @@ class Engine:
 
     def _sample(self, logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor,
                 seqs: list[_Seq]) -> tuple[torch.Tensor, torch.Tensor]:
-        # logprobs are the model's own (temperature 1), what the trainer recomputes
-        logprobs_all = torch.log_softmax(logits, dim=-1)
+        greedy = temps <= 0
+        scaled = logits / torch.where(greedy, torch.ones_like(temps), temps)[:, None]
+        # logprobs of the tempered distribution (greedy rows: temperature 1): what the trainer recomputes
+        logprobs_all = torch.log_softmax(scaled, dim=-1)
         young = [r for r, s in enumerate(seqs) if len(s.out.token_ids) < s.req.min_tokens]
         if young and self.stop_ids:
-            logits = logits.clone()
-            logits[torch.tensor(young)[:, None], torch.tensor(sorted(self.stop_ids))[None, :]] = -math.inf
-        greedy = temps <= 0
-        scaled = logits / temps.clamp(min=1e-5)[:, None]
+            scaled = scaled.clone()
+            scaled[torch.tensor(young)[:, None], torch.tensor(sorted(self.stop_ids))[None, :]] = -math.inf
         probs = torch.softmax(scaled, dim=-1)
         if bool((top_ps < 1.0).any()):
             sorted_p, order = probs.sort(dim=-1, descending=True)
@@ -236,7 +240,7 @@ class Engine:
             ]).to(logits.device)
         else:
             picked = torch.multinomial(probs, 1)[:, 0]
-        tokens = torch.where(greedy, logits.argmax(-1), picked)
+        tokens = torch.where(greedy, scaled.argmax(-1), picked)
         return tokens, logprobs_all.gather(-1, tokens[:, None])[:, 0]
 
     def _append(self, s: _Seq, token: int, logprob: float) -> bool:

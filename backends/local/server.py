@@ -106,12 +106,16 @@ def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[st
             raise BadRequest(f"max_tokens must be at least 1, got {asked}", "max_tokens")
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         req = GenRequest(prompt=prompt, max_tokens=min(asked, room), n=body.n, temperature=body.temperature,
-                         top_p=body.top_p, stop=stops, seed=body.seed, step=step,
-                         min_tokens=max(0, body.min_tokens))
-        name = f"{served.spec.name}@{step}"
+                         top_p=body.top_p, stop=stops, seed=body.seed, min_tokens=max(0, body.min_tokens))
         if body.stream:
-            return StreamingResponse(_stream(served, req, body, name), media_type="text/event-stream")
-        outs = await asyncio.wrap_future(served.engine.submit(req))
+            loop = asyncio.get_running_loop()
+            events: asyncio.Queue[Any] = asyncio.Queue()
+            req.on_token = lambda *ev: loop.call_soon_threadsafe(events.put_nowait, ev)
+            future = _submit(served, req, step)
+            future.add_done_callback(lambda f: loop.call_soon_threadsafe(events.put_nowait, None))
+            return StreamingResponse(_stream(served, req, body, future, events), media_type="text/event-stream")
+        outs = await asyncio.wrap_future(_submit(served, req, step))
+        name = f"{served.spec.name}@{req.step}"
         choices = [_choice(served, i, c, body.tools) for i, c in enumerate(outs)]
         completion_tokens = sum(len(c.token_ids) for c in outs)
         return {
@@ -124,18 +128,28 @@ def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[st
     return app
 
 
-def _resolve(models: dict[str, ServedModel], requested: str) -> tuple[ServedModel, int]:
+def _resolve(models: dict[str, ServedModel], requested: str) -> tuple[ServedModel, Optional[int]]:
+    """The model a request names and the step it asks for (None: the newest when submitted)."""
     name, _, step_text = requested.partition("@")
     served = models.get(name)
     if served is None:
         known = ", ".join(sorted(models)) or "none registered"
         raise BadRequest(f"unknown model {requested!r}; this server has: {known}", "model")
     if not step_text:
-        return served, served.step
+        return served, None
     if not step_text.isdigit() or int(step_text) not in served.serving:
         raise BadRequest(f"{requested!r}: step {step_text} is not being served "
                          f"(serving {sorted(served.serving)}); ask for {name!r} for the newest", "model")
     return served, int(step_text)
+
+
+def _submit(served: ServedModel, req: GenRequest, step: Optional[int]) -> Any:
+    """Hand the request to the engine, pinned to its step until it is answered."""
+    try:
+        return served.submit(req, step)
+    except ValueError as e:  # the step asked for was retired since it was checked
+        raise BadRequest(f"{served.spec.name}@{step}: {e}; ask for {served.spec.name!r} for the newest",
+                         "model") from None
 
 
 def _logprob_content(served: ServedModel, ids: list[int], lps: list[float]) -> list[dict[str, Any]]:
@@ -156,12 +170,9 @@ def _choice(served: ServedModel, index: int, c: Completion, tools: Optional[list
     }
 
 
-async def _stream(served: ServedModel, req: GenRequest, body: ChatRequest, name: str) -> Any:
-    loop = asyncio.get_running_loop()
-    events: asyncio.Queue[Any] = asyncio.Queue()
-    req.on_token = lambda i, tok, lp, text: loop.call_soon_threadsafe(events.put_nowait, (i, tok, lp, text))
-    future = served.engine.submit(req)
-    future.add_done_callback(lambda f: loop.call_soon_threadsafe(events.put_nowait, None))
+async def _stream(served: ServedModel, req: GenRequest, body: ChatRequest, future: Any,
+                  events: "asyncio.Queue[Any]") -> Any:
+    name = f"{served.spec.name}@{req.step}"
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     buffered = bool(body.tools)  # tool calls are parsed from the whole answer, sent at the end
 
