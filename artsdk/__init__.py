@@ -34,6 +34,7 @@ from .errors import (
     ArtError,
     BackendError,
     ConfigError,
+    ModelLoadError,
     ReplayError,
     RewardError,
     RolloutError,
@@ -52,7 +53,7 @@ _capture.install()
 
 __all__ = [
     "__version__", "Args", "ArtError", "Backend", "BackendError", "Choice", "ConfigError",
-    "Endpoint", "ErrorInfo", "Group", "LLMCall", "Message", "ReplayError", "Reward",
+    "Endpoint", "ErrorInfo", "Group", "LLMCall", "Message", "ModelLoadError", "ReplayError", "Reward",
     "RewardError", "Rollout", "RolloutError", "Session", "Settings", "Store", "StoreError",
     "TrainResult", "TrainableModel", "TrainingError", "Trajectory", "TrajectoryError", "available_backends",
     "check_messages", "configure", "current_session", "default_store", "gather",

@@ -67,15 +67,37 @@ class Endpoint(BaseModel):
 
 
 class TrainResult(BaseModel):
-    """What one training step did."""
+    """What one training step did. ``trained`` is False when the groups held nothing to
+    learn from: then no weight moved, ``step`` is unchanged, no checkpoint was written, and
+    ``reason`` says why."""
 
     model_config = ConfigDict(extra="allow")
 
     step: int
     metrics: dict[str, float] = Field(default_factory=dict)
     checkpoint: Optional[str] = None
+    trained: bool = True
+    reason: Optional[str] = None
     groups_trained: int = 0
     groups_skipped: int = 0
+
+
+def nothing_to_train(groups: Sequence[Group], metrics: dict[str, float]) -> str:
+    """Why a batch of groups moved no weight, in the user's words."""
+    trajs = [t for g in groups for t in g.trajectories]
+    scored = [t for g in groups for t in g.scored]
+    if not scored:
+        failed = sum(1 for t in trajs if t.error is not None)
+        return (f"none of the {len(trajs)} trajectories was scored ({failed} failed, the rest have no "
+                f"reward): look at their errors with `artsdk trajectories list --errors`")
+    if all(g.no_signal for g in groups):
+        return (f"every group has equal rewards (or fewer than two scored trajectories): GRPO learns from "
+                f"differences within a group; make the reward finer-grained or the groups larger")
+    if metrics.get("calls_other_model"):
+        return ("no trajectory with a training signal has a call answered by this model (its calls were "
+                "answered by other models): call it with model=<the trainable model's name>")
+    return ("no trajectory with a training signal has sampled tokens of this model: were its LLM calls "
+            "captured? (see docs/capture.md)")
 
 
 @runtime_checkable
@@ -145,7 +167,8 @@ class Session:
 
     async def train(self, groups: Sequence[Group], **config: Any) -> TrainResult:
         """One training step on ``groups``. Groups with no signal (all rewards equal) carry
-        nothing to learn from: the backend skips them and the result counts them."""
+        nothing to learn from: the result counts them. When no group has anything to learn
+        from, nothing moves: ``result.trained`` is False and ``result.reason`` says why."""
         from .store import default_store
 
         groups = list(groups)
@@ -154,13 +177,13 @@ class Session:
         bad = [g for g in groups if not isinstance(g, Group)]
         if bad:
             raise RolloutError(f"train() takes art.Group objects, got {type(bad[0]).__name__}")
-        silent = sum(1 for g in groups if g.no_signal)
-        if silent == len(groups):
-            log.warning("all %d groups have equal rewards within the group: this step has no "
-                        "training signal", silent)
         result = await self.backend.train(self.model, groups, **config)
-        self.step = result.step
         self.history.append(result)
+        if not result.trained:
+            log.warning("%s: nothing was trained, the model stays at step %d: %s", self.model.name,
+                        result.step, result.reason)
+            return result
+        self.step = result.step
         await anyio.to_thread.run_sync(  # a commit: kept off the event loop
             default_store().record_step, self.model.project, self.model.name, result.step,
             result.metrics, result.checkpoint)

@@ -4,7 +4,7 @@
     artsdk trajectories show ID
     artsdk trajectories export OUT.jsonl [filters]
     artsdk config
-    artsdk serve [--backend local] [--host 127.0.0.1] [--port 7999] [--api-key KEY]
+    artsdk serve [--backend local] [--host 127.0.0.1] [--port 7999] [--api-key-file FILE] [--home DIR]
     artsdk train examples/tic_tac_toe [--steps 5 --base-model tiny ...]
 """
 
@@ -152,7 +152,17 @@ def cmd_serve(a: argparse.Namespace) -> int:
     except ImportError as e:
         print(f"artsdk serve needs the server extras ({e}); pip install 'artsdk[local]'", file=sys.stderr)
         return 2
-    serve(a.backend, a.host, a.port, a.api_key or os.environ.get("ARTSDK_API_KEY") or settings().api_key,
+    key = a.api_key
+    if a.api_key_file:
+        try:
+            key = open(a.api_key_file).read().strip()
+        except OSError as e:
+            print(f"artsdk serve: cannot read --api-key-file: {e}", file=sys.stderr)
+            return 2
+        if not key:
+            print(f"artsdk serve: --api-key-file {a.api_key_file} is empty", file=sys.stderr)
+            return 2
+    serve(a.backend, a.host, a.port, key or os.environ.get("ARTSDK_API_KEY") or settings().api_key,
           a.home, **options)
     return 0
 
@@ -203,7 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--backend", default="local", help="backend to serve (default: local)")
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     sv.add_argument("--port", type=int, default=7999)
-    sv.add_argument("--api-key", help="require this key (default: ARTSDK_API_KEY / api_key setting)")
+    keys = sv.add_mutually_exclusive_group()
+    keys.add_argument("--api-key", help="require this key (visible in the process list: prefer --api-key-file "
+                                        "or ARTSDK_API_KEY)")
+    keys.add_argument("--api-key-file", help="read the key from this file (default: ARTSDK_API_KEY / api_key setting)")
     sv.add_argument("--home", help="folder for checkpoints and the model registry (default: home setting)")
     sv.add_argument("--option", action="append", metavar="KEY=VALUE",
                     help="a backend option, e.g. --option device=cuda (repeatable)")

@@ -36,6 +36,11 @@ class BackendError(ArtError):
     """A training backend could not be found, started or reached."""
 
 
+class ModelLoadError(BackendError):
+    """A base model could not be found or loaded. (Its message can name files on the
+    machine that tried: a server answers remote clients with a shorter one.)"""
+
+
 class TrainingError(ArtError):
     """A training step was refused or abandoned before any weight moved (a non-finite loss
     or gradient, say): the model, its served adapter and its checkpoints are unchanged."""

@@ -145,6 +145,10 @@ class Rollout(Generic[R]):
             traj.step = steps[-1] if steps else None
         if not traj.calls and traj.error is None:
             traj.warnings.append(NO_CALLS)
+        cut = next((c for c in traj.calls if c.incomplete and c.error), None)
+        if cut is not None and traj.error is None:
+            # the agent went on with an answer it did not know was cut short: not a result to train on
+            traj.error = ErrorInfo(type="StreamCutError", message=f"call {cut.index}: {cut.error}")
 
     async def run(self, args: tuple[Any, ...] = (), kwargs: Optional[dict[str, Any]] = None, *,
                   timeout: Optional[float] = None, limiter: Optional[anyio.CapacityLimiter] = None,

@@ -1,12 +1,20 @@
-"""What every backend server does to a request before its route sees it."""
+"""What every backend server does to a request before its route sees it: the API key, the
+body-size limit (counted on the bytes that arrive, chunked or not), and time limits on a
+request's headers and body, so a client that trickles bytes cannot hold a connection."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from typing import Any, Optional
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+HEADER_TIMEOUT = 10.0  # seconds from the first byte of a request to the end of its headers
+BODY_TIMEOUT = 60.0  # seconds to receive a whole request body
 
 
 def error(status: int, message: str, param: Optional[str] = None,
@@ -16,18 +24,99 @@ def error(status: int, message: str, param: Optional[str] = None,
                         status_code=status)
 
 
-def guard(app: FastAPI, api_key: Optional[str], max_body: int) -> None:
+def guard(app: FastAPI, api_key: Optional[str], max_body: int, body_timeout: Optional[float] = None) -> None:
     """With a key, every route but /health needs ``Authorization: Bearer <key>`` (401
-    otherwise, and nothing happens); a body declared over ``max_body`` bytes gets 413."""
+    otherwise, and nothing happens); a body over ``max_body`` bytes gets 413 -- at once when
+    its Content-Length says so, else as soon as that many bytes have arrived -- and a body
+    that takes longer than ``body_timeout`` seconds to arrive gets 408."""
+    app.add_middleware(_Guard, api_key=api_key, max_body=max_body,
+                       timeout=body_timeout if body_timeout is not None else BODY_TIMEOUT)
 
-    @app.middleware("http")
-    async def _guard(request: Request, call_next: Any) -> Any:
-        if api_key is not None and request.url.path != "/health":
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return error(401, "missing or wrong API key (Authorization: Bearer <key>)",
-                             kind="authentication_error")
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > max_body:
-            return error(413, f"request body of {length} bytes is over the limit of {max_body}")
-        return await call_next(request)
+
+class _Guard:
+    """Pure ASGI middleware (no task of its own between the server and the route): the key
+    and the declared length are checked before anything is read; ``receive`` is wrapped to
+    count the body bytes that actually arrive and to give up on a body that comes too
+    slowly, raising an HTTP error that the route's body parsing passes on."""
+
+    def __init__(self, app: Any, api_key: Optional[str], max_body: int, timeout: float) -> None:
+        self.app, self.api_key, self.max_body, self.timeout = app, api_key, max_body, timeout
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or ())
+        if self.api_key is not None and scope["path"] != "/health":
+            given = headers.get(b"authorization", b"")
+            if not secrets.compare_digest(given, f"Bearer {self.api_key}".encode()):
+                await error(401, "missing or wrong API key (Authorization: Bearer <key>)",
+                            kind="authentication_error")(scope, receive, send)
+                return
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_body:
+            await error(413, f"request body of {int(length)} bytes is over the limit of {self.max_body}")(
+                scope, receive, send)
+            return
+        deadline = asyncio.get_running_loop().time() + self.timeout
+        received, complete = 0, False
+
+        async def counted() -> Any:
+            nonlocal received, complete
+            if complete:  # the body is in: later reads wait for a disconnect, for as long as a response streams
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise HTTPException(408, f"the request body did not arrive within {self.timeout:.0f} s") from None
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body:
+                    raise HTTPException(413, f"request body over the limit of {self.max_body} bytes")
+                complete = not message.get("more_body", False)
+            return message
+
+        await self.app(scope, counted, send)
+
+
+class GuardedH11(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a deadline on each request's headers: a connection
+    that has not sent complete headers ``HEADER_TIMEOUT`` seconds after its first byte (or
+    after connecting) is closed."""
+
+    header_timeout = HEADER_TIMEOUT
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_timer: Optional[asyncio.TimerHandle] = None
+        self._arm()
+
+    def _arm(self) -> None:
+        self._header_timer = self.loop.call_later(self.header_timeout, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def data_received(self, data: bytes) -> None:
+        between_requests = self.cycle is None or self.cycle.response_complete
+        if self._header_timer is None and between_requests:
+            self._arm()  # a new request starts: its headers are on the clock
+        super().data_received(data)
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._disarm()  # its headers are in
+
+    def on_response_complete(self) -> None:
+        self._disarm()
+        super().on_response_complete()
+
+    def _too_slow(self) -> None:
+        self._header_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._disarm()
+        super().connection_lost(exc)

@@ -34,7 +34,8 @@ def make_groups(n_groups: int, group_size: int, vocab: int, seed: int = 0) -> li
         for k in range(group_size):
             n = rng.randint(8, 120)
             t = trajectory([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
-                           token_ids=[rng.randrange(vocab) for _ in range(n)], logprobs=[-2.0] * n)
+                           token_ids=[rng.randrange(vocab) for _ in range(n)], logprobs=[-2.0] * n,
+                           model="bench")
             t.calls[0].prompt_token_ids = prompt
             t.reward = float(k % 2) + rng.random() * 0.1
             trajs.append(t)
@@ -47,8 +48,7 @@ def bare_step(served, groups, budget: int, kept: bool) -> float:
     optimizer step; nothing else. ``kept``: logits only at the trained positions, as artsdk
     computes them; otherwise at every position, as a plain causal-LM loss would."""
     scored, _ = advantages(groups, scale=True)
-    segs = [s for t, a in scored for s in segments(t, a, None, None, print)]
-    rows = pack(segs, budget)
+    rows = pack([segments(t, a, served.tokenizing())[0] for t, a in scored], budget)
     model = served.model
     model.set_adapter("policy")
     model.train()

@@ -70,10 +70,11 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
             mean = sum(t.reward for g in groups for t in g.scored) / max(1, sum(len(g.scored) for g in groups))
             result = await run.train(groups)
             m = result.metrics
-            history.append({"step": result.step, "reward": mean, **m})
-            print(f"step {result.step}: reward {mean:.3f}  loss {m.get('loss', 0):+.4f}  "
+            history.append({"step": step + 1, "model_step": result.step, "reward": mean, **m})
+            print(f"step {step + 1}: reward {mean:.3f}  loss {m.get('loss', 0):+.4f}  "
                   f"groups trained {result.groups_trained} skipped {result.groups_skipped}  "
-                  f"tokens {int(m.get('tokens_trained', 0))}  {m.get('seconds', 0):.1f}s", flush=True)
+                  f"tokens {int(m.get('tokens_trained', 0))}  {m.get('seconds', 0):.1f}s"
+                  + ("" if result.trained else "  (nothing to learn from: no weight moved)"), flush=True)
         after, rate_after = await evaluate(rollout, held_out, rewards, success)
         print(f"eval after {cfg['steps']} steps: mean reward {after:.3f} over {len(held_out)} games"
               + (f", solved {rate_after:.0%}" if rate_after is not None else "")

@@ -8,6 +8,8 @@ tool calls. What it answers is decided by the last user message:
 - ``"bad json"``: an HTTP 400 error
 - ``"sleep 0.05 ..."``: waits that many seconds first
 - ``"json {...}"``: answers with the JSON after the word, as is
+- ``"cut stream"`` with ``stream=True``: two content chunks, then the connection ends (no
+  finish reason, no ``[DONE]``), as when a server or proxy dies mid-answer
 - anything else: ``"echo: <last user content>"``
 
 Each character of the answer is one "token" (id = its code point), logprob -0.5.
@@ -110,6 +112,10 @@ async def _stream(body: dict[str, Any], model: str, n: int, answer: Any, tokens_
                 "model": model, "choices": [c]}
         return f"data: {json.dumps(data)}\n\n"
 
+    if _last_user(body.get("messages", [])).startswith("cut stream"):
+        yield chunk(0, {"role": "assistant", "content": "half"}, toks="half")
+        yield chunk(0, {"content": " an"}, toks=" an")
+        return
     for i in range(n):
         content, tool_calls = answer(body, i)
         yield chunk(i, {"role": "assistant", "content": ""})

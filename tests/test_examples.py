@@ -170,6 +170,14 @@ async def test_example_trains_end_to_end(name, art_store, tmp_path, monkeypatch)
     rewards = getattr(mod, "REWARDS", None) or getattr(importlib.import_module(f"examples.{name}.agent"),
                                                       "REWARDS", [ttt.result, ttt.legal_moves])
     make = getattr(mod, "make_scenarios", None) or (lambda n, seed, cfg: mod.scenarios(n, seed))
+
+    @art.reward(weight=1e-6)
+    def first_token(t: art.Trajectory) -> float:
+        # the tiny model's answers all score alike on the example's own rewards (and run to
+        # max_tokens): this gives the groups a difference to learn from, so every step trains
+        return float(next((c.choices[0].token_ids[0] for c in t.calls if c.choices and c.choices[0].token_ids), 0))
+
+    rewards = [*rewards, first_token]
     cfg = load_config(mod.CONFIG, ["--steps", "2", "--base-model", "tiny", "--eval-games", "2",
                                    "--scenarios-per-step", "2", "--group-size", "2"])
     art.configure(backend_options={"device": "cpu", "home": str(tmp_path / "home")})

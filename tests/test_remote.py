@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -21,51 +20,10 @@ from artsdk.testing import trajectory
 
 pytest.importorskip("torch")
 from backends.remote import RemoteBackend  # noqa: E402
+from tests.serve_process import KEY, Serve, free_port  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parent.parent
-KEY = "test-key-123"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Serve:
-    """An `artsdk serve` subprocess."""
-
-    def __init__(self, home: Path, port: int, key: str = KEY) -> None:
-        self.home, self.port, self.key = home, port, key
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc = None
-
-    def start(self) -> "Serve":
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.log = open(self.home / "serve.log", "a")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "artsdk.cli", "serve", "--port", str(self.port), "--api-key", self.key,
-             "--home", str(self.home), "--option", "device=cpu"],
-            cwd=self.home, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        raise RuntimeError("artsdk serve did not start: " + (self.home / "serve.log").read_text()[-2000:])
-
-    def stop(self, sig=signal.SIGTERM) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.log.close()
 
 
 @pytest.fixture
@@ -75,13 +33,14 @@ def serve(tmp_path):
     s.stop()
 
 
-def groups_for(tokens=(5, 6, 7)):
+def groups_for(model, tokens=(5, 6, 7)):
     out = []
     for k in range(2):
         trajs = []
         for i, r in enumerate((1.0, 0.0)):
             t = trajectory([{"role": "user", "content": "go"}, {"role": "assistant", "content": "x"}],
-                           token_ids=[tokens[0] + i, tokens[1] + k, tokens[2]], logprobs=[-6.0] * 3)
+                           token_ids=[tokens[0] + i, tokens[1] + k, tokens[2]], logprobs=[-6.0] * 3,
+                           model=model)
             t.calls[0].prompt_token_ids = [1, 2, 3, 4]
             t.reward = r
             trajs.append(t)
@@ -112,7 +71,7 @@ async def test_full_loop_through_the_server_with_config_only(serve, art_store, m
         groups = await art.gather(say, range(2), group_size=4, rewards=[length])
         assert {t.calls[0].served_by for g in groups for t in g} == {"rt@0"}
         assert all(t.calls[0].choices[0].trainable for g in groups for t in g)
-        result = await run.train(groups + groups_for())
+        result = await run.train(groups + groups_for(model.name))
         assert result.step == 1 and run.step == 1
         after = await art.gather(say, range(1), group_size=2, rewards=[length])
         assert after[0][0].calls[0].served_by == "rt@1"  # hot-swapped on the server
@@ -135,7 +94,8 @@ async def test_auth_validation_and_openapi(serve):
     assert r.status_code == 422 and "name" in json.dumps(r.json())
     assert httpx.get(serve.url + "/v1/art/models/..%2Fetc", headers=h).status_code in (404, 422)
     assert httpx.get(serve.url + "/v1/art/models/ghost", headers=h).status_code == 404
-    httpx.post(serve.url + "/v1/art/models", headers=h, json={"name": "v", "base_model": "tiny"}).raise_for_status()
+    httpx.post(serve.url + "/v1/art/models", headers=h, json={"name": "v", "base_model": "tiny"},
+               timeout=120).raise_for_status()  # the first registration loads the torch stack
     bad = {"request_id": "abcdefgh12", "groups": [{"trajectories": [{"calls": [{"choices": "oops"}]}]}]}
     r = httpx.post(serve.url + "/v1/art/models/v/train", headers=h, json=bad)
     assert r.status_code == 422 and "choices" in json.dumps(r.json()["detail"][0]["loc"])
@@ -155,7 +115,7 @@ async def test_retried_submission_trains_once_and_restart_resumes(serve, tmp_pat
     model = art.TrainableModel("once", base_model="tiny", project="p")
     await be.register(model)
     body = json.dumps({"request_id": "same-request-1", "config": {},
-                       "groups": [json.loads(g.model_dump_json()) for g in groups_for()]})
+                       "groups": [json.loads(g.model_dump_json()) for g in groups_for(model.name)]})
     h = {"Authorization": f"Bearer {KEY}", "content-type": "application/json"}
     # the client drops the connection right after sending, before any answer; the step runs anyway
     raw = (f"POST /v1/art/models/once/train HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -171,13 +131,13 @@ async def test_retried_submission_trains_once_and_restart_resumes(serve, tmp_pat
     done = [json.loads(x) for x in r.text.splitlines() if x][-1]
     assert done["event"] == "done" and done["replayed"] and done["step"] == 1
     assert await be.step(model) == 1  # trained once, not twice
-    await be.train(model, groups_for())
+    await be.train(model, groups_for(model.name))
     assert await be.step(model) == 2
 
     serve.stop(signal.SIGKILL)  # killed, then restarted: models and checkpoints come back
     serve.start()
     assert await be.step(model) == 2
-    assert (await be.train(model, groups_for())).step == 3
+    assert (await be.train(model, groups_for(model.name))).step == 3
     await be.close()
 
 
@@ -187,7 +147,7 @@ async def test_server_gone_mid_step_gives_a_clear_error(serve):
     await be.register(model)
     serve.stop(signal.SIGKILL)
     with pytest.raises(art.BackendError, match="went away during training step .* local store"):
-        await be.train(model, groups_for())
+        await be.train(model, groups_for(model.name))
     with pytest.raises(art.BackendError, match="cannot reach artsdk serve"):
         await be.step(model)
     await be.close()
@@ -198,7 +158,7 @@ async def test_inference_keeps_flowing_during_training(serve):
     model = art.TrainableModel("busy", base_model="tiny")
     await be.register(model)
     client = AsyncOpenAI(base_url=serve.url + "/v1", api_key=KEY, max_retries=0)
-    big = [g for _ in range(40) for g in groups_for()]  # a step that takes a while
+    big = [g for _ in range(40) for g in groups_for(model.name)]  # a step that takes a while
 
     async def ask():
         r = await client.chat.completions.create(model="busy", messages=[{"role": "user", "content": "x"}],
@@ -210,7 +170,7 @@ async def test_inference_keeps_flowing_during_training(serve):
     result = await train
     assert result.step == 1 and set(answers) <= {"busy@0", "busy@1"} and len(answers) == 4
     # two submissions at once are serialized: steps 2 and 3, never interleaved
-    r2, r3 = await asyncio.gather(be.train(model, groups_for()), be.train(model, groups_for()))
+    r2, r3 = await asyncio.gather(be.train(model, groups_for(model.name)), be.train(model, groups_for(model.name)))
     assert sorted([r2.step, r3.step]) == [2, 3]
     await client.close()
     await be.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from time import perf_counter
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from . import context
 from .context import Recorder, current_cassette, current_recorder, inside_call, routes
@@ -132,10 +132,10 @@ class _StreamWatch:
     def attach(self, stream: Any) -> None:
         setattr(stream, _STREAM_ATTR, self)
 
-    def finish(self, incomplete: bool) -> None:
+    def finish(self, left_early: bool, failure: Optional[str] = None) -> None:
         if not self.done:
             self.done = True
-            self.rec.fill(self.slot, self.acc.to_call(perf_counter() - self.t0, incomplete))
+            self.rec.fill(self.slot, self.acc.to_call(perf_counter() - self.t0, left_early, failure))
 
 
 def _patch_stream_class() -> None:
@@ -154,6 +154,9 @@ def _patch_stream_class() -> None:
         except StopIteration:
             watch.finish(False)
             raise
+        except Exception as e:
+            watch.finish(False, f"{type(e).__name__}: {e}")
+            raise
         watch.acc.add(chunk)
         return chunk
 
@@ -165,6 +168,9 @@ def _patch_stream_class() -> None:
             chunk = await orig_anext(self)
         except StopAsyncIteration:
             watch.finish(False)
+            raise
+        except Exception as e:
+            watch.finish(False, f"{type(e).__name__}: {e}")
             raise
         watch.acc.add(chunk)
         return chunk

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import weakref
 from time import perf_counter
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from . import context
 from .context import Recorder, Route, current_cassette, current_recorder, inside_call, routes
@@ -150,11 +150,11 @@ def _watch_stream(rec: Recorder, kwargs: dict[str, Any], stream: Any, t0: float,
     acc = StreamAccumulator("openai", kwargs)
     done = False
 
-    def finish(incomplete: bool) -> None:
+    def finish(left_early: bool, failure: Optional[str] = None) -> None:
         nonlocal done
         if not done:
             done = True
-            rec.fill(slot, acc.to_call(perf_counter() - t0, incomplete))
+            rec.fill(slot, acc.to_call(perf_counter() - t0, left_early, failure))
 
     slot = rec.reserve(lambda: finish(True))
     inner = stream._iterator
@@ -162,14 +162,17 @@ def _watch_stream(rec: Recorder, kwargs: dict[str, Any], stream: Any, t0: float,
 
     if is_async:
         async def agen() -> Any:
-            complete = False
+            complete, failure = False, None
             try:
                 async for chunk in inner:
                     acc.add(chunk)
                     yield chunk
                 complete = True
+            except Exception as e:
+                failure = f"{type(e).__name__}: {e}"
+                raise
             finally:
-                finish(not complete)
+                finish(not complete, failure)
 
         async def aclose() -> None:
             try:
@@ -181,14 +184,17 @@ def _watch_stream(rec: Recorder, kwargs: dict[str, Any], stream: Any, t0: float,
         stream.close = aclose
     else:
         def gen() -> Any:
-            complete = False
+            complete, failure = False, None
             try:
                 for chunk in inner:
                     acc.add(chunk)
                     yield chunk
                 complete = True
+            except Exception as e:
+                failure = f"{type(e).__name__}: {e}"
+                raise
             finally:
-                finish(not complete)
+                finish(not complete, failure)
 
         def close() -> None:
             try:

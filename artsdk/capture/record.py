@@ -19,6 +19,7 @@ _NOT_PARAMS = frozenset(
      "api_key", "api_base", "base_url", "client", "metadata", "http_client"}
 )
 _STEP = re.compile(r"@(\d+)$")
+CUT = "the stream ended before its finish reason: the connection was cut"
 
 
 def request_parts(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]], Any, dict[str, Any]]:
@@ -211,9 +212,14 @@ class StreamAccumulator:
         """Every choice has its finish reason: the stream ended, whoever closed it."""
         return bool(self.choices) and all(c["finish_reason"] for c in self.choices.values())
 
-    def to_call(self, latency: float, incomplete: bool) -> LLMCall:
+    def to_call(self, latency: float, left_early: bool, failure: Optional[str] = None) -> LLMCall:
+        """The call as assembled so far. ``left_early``: the agent (or the rollout's end)
+        closed the stream before it ended; otherwise it ran out, and running out before
+        every choice had its finish reason means the connection was cut. ``failure``: the
+        error reading it raised."""
         model, messages, tools, params = self.request
-        incomplete = incomplete and not self.finished
+        incomplete = not self.finished
+        error = failure if incomplete and failure else (CUT if incomplete and not left_early else None)
         choices = []
         for i in sorted(self.choices):
             st = self.choices[i]
@@ -229,7 +235,7 @@ class StreamAccumulator:
             provider=self.provider, model=model, messages=messages, tools=tools, params=params,
             choices=choices, served_by=self.served_by, step=served_step(self.served_by),
             usage=self.usage, prompt_token_ids=self.prompt_token_ids, latency=latency,
-            stream=True, incomplete=incomplete,
+            stream=True, incomplete=incomplete, error=error,
         )
 
 

@@ -25,7 +25,7 @@ from typing import Any, Optional, Sequence
 
 import anyio
 
-from artsdk.backend import Endpoint, TrainableModel, TrainResult
+from artsdk.backend import Endpoint, TrainableModel, TrainResult, nothing_to_train
 from artsdk.errors import ArtError, BackendError
 from artsdk.trajectory import Group
 
@@ -121,7 +121,8 @@ class LocalBackend:
             raise
         except ValueError as e:  # a bad setting
             raise BackendError(f"training {model.name!r}: {e}") from None
-        return TrainResult(step=step, metrics=metrics, checkpoint=path,
+        return TrainResult(step=step, metrics=metrics, checkpoint=path, trained=path is not None,
+                           reason=None if path is not None else nothing_to_train(groups, metrics),
                            groups_trained=int(metrics.get("groups_trained", 0)),
                            groups_skipped=int(metrics.get("groups_skipped", 0)))
 

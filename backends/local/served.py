@@ -37,6 +37,33 @@ log = logging.getLogger("artsdk.local")
 LORA_DEFAULTS = {"rank": 8, "alpha": 16, "target_modules": "all-linear", "dropout": 0.0}
 
 
+def lora_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """``TrainableModel.config`` checked: only "lora" and "train" sections, and the LoRA
+    values of the right types (ValueError names the bad one)."""
+    unknown = set(config) - {"lora", "train"}
+    if unknown:
+        raise ValueError(f"unknown model setting(s) {sorted(unknown)}; known: ['lora', 'train']")
+    for section in ("lora", "train"):
+        if not isinstance(config.get(section, {}), dict):
+            raise ValueError(f"config[{section!r}] must be a table of settings, got {config[section]!r}")
+    lora = config.get("lora", {})
+    unknown = set(lora) - set(LORA_DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown LoRA setting(s) {sorted(unknown)}; known: {sorted(LORA_DEFAULTS)}")
+    lora = {**LORA_DEFAULTS, **lora}
+    rank, alpha, dropout, targets = lora["rank"], lora["alpha"], lora["dropout"], lora["target_modules"]
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= 1024:
+        raise ValueError(f"LoRA rank must be a whole number from 1 to 1024, got {rank!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 1e4:
+        raise ValueError(f"LoRA alpha must be a number above 0, got {alpha!r}")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise ValueError(f"LoRA dropout must be a number from 0 to below 1, got {dropout!r}")
+    if not (isinstance(targets, str) or (isinstance(targets, list) and targets
+                                          and all(isinstance(t, str) for t in targets))):
+        raise ValueError(f"LoRA target_modules must be \"all-linear\" or a list of module names, got {targets!r}")
+    return lora
+
+
 class ServedModel:
     def __init__(self, spec: TrainableModel, *, home: Path, cache: Path, device: str, dtype: Any,
                  max_batch: int, keep_checkpoints: int, best_metric: Optional[str],
@@ -45,6 +72,8 @@ class ServedModel:
 
         self.spec = spec
         self.device = device
+        lora = lora_settings(spec.config)  # bad settings are refused before anything is written
+        self.train_config = TrainConfig.build(train_defaults, spec.config.get("train", {}))
         self.checkpoints = Checkpoints(home / spec.project / spec.name / "checkpoints")
         latest = self.checkpoints.latest()
         if latest is not None:  # checked before the (slow) model load: fail fast
@@ -54,13 +83,11 @@ class ServedModel:
                     f"the checkpoints in {self.checkpoints.folder} were trained from base model "
                     f"{trained_from!r}, not {spec.base_model!r}; give the model another name "
                     f"(or project), or move that folder away to start over")
-        lora = {**LORA_DEFAULTS, **spec.config.get("lora", {})}
         base, self.tokenizer = models.load(spec.base_model, cache.expanduser(), device, dtype)
         self.context_length = int(getattr(base.config, "max_position_embeddings", 2048) or 2048)
-        self.lora_config = LoraConfig(r=int(lora["rank"]), lora_alpha=int(lora["alpha"]),
+        self.lora_config = LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"],
                                       target_modules=lora["target_modules"], lora_dropout=float(lora["dropout"]),
                                       bias="none", task_type="CAUSAL_LM")
-        self.train_config = TrainConfig.build(train_defaults, spec.config.get("train", {}))
         with torch.random.fork_rng(devices=[]):
             # the adapter's random init depends on the seed alone: runs are reproducible
             torch.manual_seed(self.train_config.seed)
@@ -159,22 +186,28 @@ class ServedModel:
 
     # -- training -----------------------------------------------------------------------
 
-    def train(self, groups: list[Any], overrides: dict[str, Any]) -> tuple[int, dict[str, float], str]:
+    def train(self, groups: list[Any], overrides: dict[str, Any]) -> tuple[int, dict[str, float], Optional[str]]:
+        """One step: (new step, metrics, checkpoint folder). A batch with nothing to learn
+        from moves nothing: (the same step, metrics, None)."""
         cfg = TrainConfig.build(self.train_config, overrides)
         for g in self.optimizer.param_groups:
             g["lr"] = cfg.learning_rate
         with self._train_lock:
-            with self.engine.lock:
+            with self.engine.lock:  # generation waits while the weights change
                 if self.merger is not None:
                     self.merger.restore()  # training (and the KL reference) needs the base weights
                 self.model.set_adapter("policy")
                 metrics = train_step(self.model, self.optimizer, groups, cfg, self.tokenizing(),
                                      device=self.device, reference=self.model.disable_adapter)
-                step = self.step + 1
-                path = self.checkpoints.save(step, self.model, self.optimizer,
-                                             {"metrics": metrics, "model": self.spec.model_dump()})
+            if not metrics["tokens_trained"]:
+                return self.step, metrics, None
+            step = self.step + 1
+            # written before the step is served: a crash never leaves a served step without its checkpoint
+            path = self.checkpoints.save(step, self.model, self.optimizer,
+                                         {"metrics": metrics, "model": self.spec.model_dump()})
+            with self.engine.lock:
                 self._publish(step)
-                self._advance(step)
+            self._advance(step)
             self.checkpoints.prune(self.keep_checkpoints, self.best_metric)
         return step, metrics, str(path)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
@@ -18,37 +19,51 @@ from typing import Any, Callable, Optional, Union
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from artsdk.errors import TrajectoryError
 
-from ..http import error, guard
+from ..http import GuardedH11, error, guard
 from .engine import Completion
 from .engine import Request as GenRequest
 from .served import ServedModel
 
 MAX_BODY = 16 * 1024 * 1024
 DEFAULT_MAX_TOKENS = 1024
+MAX_TOKENS_LIMIT = 1_000_000
+_STEP = re.compile(r"[0-9]{1,9}")
 
 
 class ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")  # unknown OpenAI parameters are accepted and ignored
+    """A chat-completion request. Every sampling field is checked here, so one request's bad
+    value is its own 400 and never reaches a batch shared with others."""
 
-    model: str
-    messages: list[dict[str, Any]]
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)  # unknown OpenAI parameters are ignored
+
+    model: str = Field(min_length=1, max_length=256)
+    messages: list[dict[str, Any]] = Field(min_length=1)
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: Optional[int] = None
-    max_completion_tokens: Optional[int] = None
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: Optional[int] = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    max_completion_tokens: Optional[int] = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
     stop: Optional[Union[str, list[str]]] = None
-    seed: Optional[int] = None
-    n: int = 1
+    seed: Optional[int] = Field(None, ge=-2**63, le=2**63 - 1)
+    n: int = Field(1, ge=1, le=64)
     stream: bool = False
     stream_options: Optional[dict[str, Any]] = None
     logprobs: Optional[bool] = None
-    min_tokens: int = 0  # as in vLLM: no stop token before this many tokens
+    min_tokens: int = Field(0, ge=0, le=MAX_TOKENS_LIMIT)  # as in vLLM: no stop token before this many
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: Any) -> Any:
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > 4 or any(len(x) > 1000 for x in stops):
+            raise ValueError("at most 4 stop strings of at most 1000 characters each")
+        return v
 
 
 class BadRequest(Exception):
@@ -73,6 +88,10 @@ def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[st
     async def bad(_: Request, exc: BadRequest) -> JSONResponse:
         return error(exc.status, str(exc), exc.param)
 
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        return error(exc.status_code, str(exc.detail))
+
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok"}
@@ -91,8 +110,6 @@ def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[st
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest) -> Any:
         served, step = _resolve(models(), body.model)
-        if body.n < 1 or body.n > 64:
-            raise BadRequest(f"n must be between 1 and 64, got {body.n}", "n")
         try:
             prompt = served.chat.prompt_ids(body.messages, body.tools)
         except TrajectoryError as e:
@@ -101,9 +118,7 @@ def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[st
         if room <= 0:
             raise BadRequest(f"the prompt is {len(prompt)} tokens, longer than the model's context of "
                              f"{served.context_length}; shorten the conversation", "messages")
-        asked = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS
-        if asked < 1:
-            raise BadRequest(f"max_tokens must be at least 1, got {asked}", "max_tokens")
+        asked = next((x for x in (body.max_completion_tokens, body.max_tokens) if x is not None), DEFAULT_MAX_TOKENS)
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         req = GenRequest(prompt=prompt, max_tokens=min(asked, room), n=body.n, temperature=body.temperature,
                          top_p=body.top_p, stop=stops, seed=body.seed, min_tokens=max(0, body.min_tokens))
@@ -130,15 +145,15 @@ def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[st
 
 def _resolve(models: dict[str, ServedModel], requested: str) -> tuple[ServedModel, Optional[int]]:
     """The model a request names and the step it asks for (None: the newest when submitted)."""
-    name, _, step_text = requested.partition("@")
+    name, at, step_text = requested.partition("@")
     served = models.get(name)
     if served is None:
         known = ", ".join(sorted(models)) or "none registered"
-        raise BadRequest(f"unknown model {requested!r}; this server has: {known}", "model")
-    if not step_text:
+        raise BadRequest(f"unknown model {requested[:100]!r}; this server has: {known}", "model")
+    if not at:
         return served, None
-    if not step_text.isdigit() or int(step_text) not in served.serving:
-        raise BadRequest(f"{requested!r}: step {step_text} is not being served "
+    if not _STEP.fullmatch(step_text) or int(step_text) not in served.serving:
+        raise BadRequest(f"{requested[:100]!r}: step {step_text[:20]} is not being served "
                          f"(serving {sorted(served.serving)}); ask for {name!r} for the newest", "model")
     return served, int(step_text)
 
@@ -232,7 +247,8 @@ class ServerThread:
         self._sock.bind((host, port))
         self.host, self.port = host, self._sock.getsockname()[1]
         self.base_url = f"http://{host}:{self.port}/v1"
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                                     http=GuardedH11))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                         name="artsdk-server", daemon=True)
         self._thread.start()

@@ -29,6 +29,7 @@ split in two weighs what it would in one).
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -95,6 +96,9 @@ class TrainConfig:
                     or value < 0 or (value == 0 and not zero_ok):
                 need = "a finite number >= 0" if zero_ok else "a finite number > 0"
                 raise ValueError(f"training setting {name}={value!r} must be {need}")
+        if self.learning_rate > 1:
+            raise ValueError(f"training setting learning_rate={self.learning_rate!r} must be at most 1 "
+                             f"(AdamW on a LoRA adapter learns at 1e-5 to 1e-3)")
         if self.is_cap is not None and self.is_cap < 1:
             raise ValueError(f"training setting is_cap={self.is_cap!r} must be at least 1 (or None)")
         for name in ("tokens_per_row", "max_completion_tokens", "seed"):
@@ -338,7 +342,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
         if not math.isfinite(sums["loss"]) or not torch.isfinite(grad_norm):
             raise TrainingError(f"the loss ({sums['loss']}) or the gradient norm ({float(grad_norm)}) is not "
                                 f"finite; the step was abandoned and no weight moved")
-        optimizer.step()
+        _guarded_step(optimizer, params)
     finally:
         optimizer.zero_grad(set_to_none=True)
         model.eval()
@@ -423,6 +427,22 @@ def _row_loss(model: Any, row: list[Segment], cfg: TrainConfig, eps_lo: float, e
         sums["gap"] += float(g.sum())
         sums["gap_n"] += float(len(g))
         sums["gap_max"] = max(sums["gap_max"], float(g.max()))
+
+
+def _guarded_step(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+    """The optimizer step, undone (weights and optimizer state) if it leaves a weight that is
+    not finite: a served or saved adapter never holds one."""
+    before = [p.detach().clone() for p in params]
+    state = copy.deepcopy(optimizer.state_dict())
+    optimizer.step()
+    if all(bool(torch.isfinite(p).all()) for p in params):
+        return
+    with torch.no_grad():
+        for p, b in zip(params, before):
+            p.copy_(b)
+    optimizer.load_state_dict(state)
+    raise TrainingError("the update made some weights non-finite (is the learning rate far too large?); it "
+                        "was undone and the step abandoned")
 
 
 def _per_traj(index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

@@ -33,29 +33,38 @@ from typing import Any, AsyncIterator, Optional
 
 from fastapi import FastAPI, HTTPException, Path as PathParam, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from artsdk._version import __version__
 from artsdk.backend import TrainableModel
-from artsdk.errors import ArtError
+from artsdk.errors import ArtError, ModelLoadError
 from artsdk.trajectory import Group
 
-from ..http import error, guard
+from ..http import GuardedH11, error, guard
 
 log = logging.getLogger("artsdk.serve")
 API_VERSION = "1"
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 _NAME = re.compile(NAME)
+STEP = r"^[0-9]{1,9}$"  # a checkpoint step: digits only (not "1.0"), and short enough to be a folder name
 MAX_BODY = 256 * 1024 * 1024
+MAX_CONFIG = 64 * 1024
 
 
 class RegisterRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=NAME)
-    base_model: str
+    base_model: str = Field(min_length=1, max_length=1024)
     project: str = Field("default", pattern=NAME)
     config: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("config")
+    @classmethod
+    def _small(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if len(json.dumps(v, default=str)) > MAX_CONFIG:  # it is kept in the registry file
+            raise ValueError(f"config is over {MAX_CONFIG} bytes as JSON")
+        return v
 
 
 class TrainRequest(BaseModel):
@@ -139,7 +148,12 @@ def build_app(backend: Any, backend_name: str, home: Path, api_key: Optional[str
         old = registry.models.get(body.name)
         if old is not None and old.base_model != spec.base_model:
             raise HTTPException(409, f"model {body.name!r} is registered with base model {old.base_model!r}")
-        await backend.register(spec)
+        try:
+            await backend.register(spec)
+        except ModelLoadError as e:  # the details name files on this machine: they stay in its log
+            log.warning("register %r: %s", body.name, e)
+            raise HTTPException(400, f"base model {body.base_model!r} cannot be loaded on this server; give a "
+                                     f"Hub id it has (or can download), or a model folder on the server") from None
         loaded.add(body.name)
         registry.models[body.name] = spec
         registry.save()
@@ -216,9 +230,9 @@ def build_app(backend: Any, backend_name: str, home: Path, api_key: Optional[str
         return {"name": name, "steps": backend.checkpoint_steps(spec)}
 
     @app.get("/v1/art/models/{name}/checkpoints/{step}")
-    async def download(name: str, step: int = PathParam(ge=0)) -> Response:
+    async def download(name: str, step: str = PathParam(pattern=STEP)) -> Response:
         spec = await model_for(name)
-        folder = backend.checkpoint_dir(spec, step)
+        folder = backend.checkpoint_dir(spec, int(step))
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w:gz") as tar:
             for f in sorted(folder.iterdir()):
@@ -228,18 +242,39 @@ def build_app(backend: Any, backend_name: str, home: Path, api_key: Optional[str
                         headers={"content-disposition": f'attachment; filename="{name}-{step}.tar.gz"'})
 
     @app.delete("/v1/art/models/{name}/checkpoints/{step}")
-    async def delete_checkpoint(name: str, step: int = PathParam(ge=0)) -> dict[str, Any]:
+    async def delete_checkpoint(name: str, step: str = PathParam(pattern=STEP)) -> dict[str, Any]:
         import shutil
 
         spec = await model_for(name)
-        if step == await backend.step(spec):
+        if int(step) == await backend.step(spec):
             raise HTTPException(409, f"step {step} is the newest checkpoint of {name!r}; it is in use")
-        shutil.rmtree(backend.checkpoint_dir(spec, step))
-        return {"deleted": step}
+        shutil.rmtree(backend.checkpoint_dir(spec, int(step)))
+        return {"deleted": int(step)}
 
     if hasattr(backend, "app"):  # the backend's own OpenAI-compatible routes, same port
-        app.mount("/", backend.app())
+        inner = backend.app()
+        app.mount("/", inner)
+        _publish_spec(app, inner)
     return app
+
+
+def _publish_spec(app: FastAPI, inner: FastAPI) -> None:
+    """Serve one OpenAPI spec with both APIs: a mounted app's routes are not in the
+    parent's spec by themselves."""
+    own = app.openapi
+
+    def merged() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            spec, extra = own(), inner.openapi()
+            for path, ops in extra.get("paths", {}).items():
+                if path != "/health":
+                    spec["paths"].setdefault(path, ops)
+            spec.setdefault("components", {}).setdefault("schemas", {}).update(
+                extra.get("components", {}).get("schemas", {}))
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = merged  # type: ignore[method-assign]
 
 
 def _settle(future: "asyncio.Future[dict[str, Any]]", task: "asyncio.Task[dict[str, Any]]") -> None:
@@ -264,15 +299,17 @@ def serve(backend_name: str = "local", host: str = "127.0.0.1", port: int = 7999
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         log.warning("artsdk serve is listening on %s without an API key: anyone who can reach "
                     "it can train and query models. Pass --api-key or set ARTSDK_API_KEY.", host)
+    home_dir = Path(home or settings().home).expanduser().resolve()
     if backend_name == "local":
         options.setdefault("http", False)  # its inference routes are mounted here instead
         options.setdefault("api_key", api_key)
+        options.setdefault("home", str(home_dir))  # checkpoints live under --home, whatever the working folder
     backend = load_backend(backend_name, **options)
-    app = build_app(backend, backend_name, Path(home or settings().home), api_key)
+    app = build_app(backend, backend_name, home_dir, api_key)
     print(f"artsdk serve: {backend_name} backend on http://{host}:{port} (API v{API_VERSION})", flush=True)
     # on SIGTERM / Ctrl-C uvicorn stops taking requests and lets running ones finish (up to
     # 30 s); a training step cut short leaves no checkpoint behind (they are written atomically)
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30, http=GuardedH11)
     import anyio
 
     anyio.run(backend.close)

@@ -1,0 +1,167 @@
+"""Do the default training settings learn? Three small tasks with short exact answers on
+SmolLM2-135M (CPU): the held-out greedy score before and after N GRPO steps, seeded.
+
+    python -m bench.learning [--steps 10] [--seeds 0 1 2] [--tasks add larger sentiment]
+                             [--learning-rate 1e-4 --loss cispo ...]   # a setting to compare
+
+Each step gathers 8 prompts x 8 samples (temperature 1, at most 16 tokens) and trains once;
+the held-out set is 48 prompts the training never sees, answered greedily. A task's score is
+its mean reward: 1 for the exact answer alone, partial credit for the right answer inside
+more text. Without settings it measures the defaults; every run is added to
+bench/results/learning.json under its settings, so a sweep is several commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import statistics
+import tempfile
+import time
+from typing import Any, Callable
+
+import artsdk as art
+from bench.common import RESULTS, save_result
+
+GROUPS, GROUP_SIZE, HELD_OUT, MAX_TOKENS = 8, 8, 48, 16
+
+# -- the tasks: (prompt, answer) from a seeded generator, and a reward on the reply -------
+
+POSITIVE = ["delicious", "friendly", "wonderful", "excellent", "lovely", "fantastic", "great", "perfect"]
+NEGATIVE = ["awful", "rude", "terrible", "horrible", "cold", "disappointing", "bad", "broken"]
+THINGS = ["The food", "The staff", "The room", "The service", "The movie", "The phone", "The book", "The coffee"]
+
+
+def add(rng: random.Random) -> tuple[str, str]:
+    a, b = rng.randint(10, 49), rng.randint(10, 49)
+    return f"What is {a} + {b}? Answer with the number only.", str(a + b)
+
+
+def larger(rng: random.Random) -> tuple[str, str]:
+    a, b = rng.sample(range(10, 100), 2)
+    return f"Which number is larger, {a} or {b}? Reply with the number only.", str(max(a, b))
+
+
+def sentiment(rng: random.Random) -> tuple[str, str]:
+    label = rng.choice(["positive", "negative"])
+    words = rng.sample(POSITIVE if label == "positive" else NEGATIVE, 2)
+    things = rng.sample(THINGS, 2)
+    review = f"{things[0]} was {words[0]} and {things[1].lower()} was {words[1]}."
+    return (f"Review: \"{review}\" Is this review positive or negative? Answer with one word.", label)
+
+
+TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {"add": add, "larger": larger, "sentiment": sentiment}
+
+
+def score(reply: str, scenario: dict[str, str]) -> float:
+    """1 for the answer alone; 0.5 when the answer comes first among the candidates in more
+    text (a number other than the two added, one of the two numbers compared, one of
+    the two labels); else 0."""
+    answer, task = scenario["answer"], scenario["task"]
+    words = re.findall(r"[a-z]+|\d+", reply.lower())
+    if words == [answer]:
+        return 1.0
+    if task == "sentiment":
+        candidates = [w for w in words if w in ("positive", "negative")]
+    elif task == "larger":
+        asked = re.findall(r"\d+", scenario["prompt"])
+        candidates = [w for w in words if w in asked]
+    else:  # a number that is not one of the two being added
+        asked = re.findall(r"\d+", scenario["prompt"])
+        candidates = [w for w in words if w.isdigit() and w not in asked]
+    return 0.5 if candidates and candidates[0] == answer else 0.0
+
+
+def scenarios(task: str, n: int, seed: int) -> list[dict[str, str]]:
+    rng = random.Random(f"{task}-{seed}")
+    return [dict(zip(("prompt", "answer"), TASKS[task](rng)), task=task) for _ in range(n)]
+
+
+# -- the agent and its reward -----------------------------------------------------------
+
+def build(model_name: str) -> tuple[art.Rollout, Any, Any]:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url="http://unused.invalid/v1", api_key="unused")  # the session routes it
+
+    @art.rollout
+    async def answer(task: dict[str, str], temperature: float = 1.0) -> str:
+        r = await client.chat.completions.create(
+            model=model_name, messages=[{"role": "user", "content": task["prompt"]}],
+            max_tokens=MAX_TOKENS, temperature=temperature)
+        return r.choices[0].message.content or ""
+
+    @art.reward
+    def exact(t: art.Trajectory) -> float:
+        return score(t.outcome or "", t.scenario["task"])
+
+    return answer, exact, client
+
+
+async def run_task(task: str, seed: int, settings: dict[str, Any], steps: int, home: str) -> dict[str, Any]:
+    import torch
+
+    torch.manual_seed(seed)
+    name = f"learn-{task}"
+    rollout, reward, client = build(name)
+    model = art.TrainableModel(name, base_model="HuggingFaceTB/SmolLM2-135M-Instruct", project="learning",
+                               config={"train": {"seed": seed, **settings}})
+    held_out = [art.Args(s, temperature=0.0) for s in scenarios(task, HELD_OUT, 10_000 + seed)]
+
+    async def evaluate() -> float:
+        groups = await art.gather(rollout, held_out, group_size=1, rewards=[reward], store=False)
+        return statistics.mean(t.reward for g in groups for t in g)
+
+    t0 = time.monotonic()
+    async with art.session(model) as run:
+        before = await evaluate()
+        curve = []
+        for step in range(steps):
+            groups = await art.gather(rollout, scenarios(task, GROUPS, seed * 1000 + step),
+                                      group_size=GROUP_SIZE, rewards=[reward])
+            result = await run.train(groups)
+            curve.append(round(statistics.mean(t.reward for g in groups for t in g.scored), 4))
+            print(f"  {task} seed {seed} step {result.step}: train reward {curve[-1]:.3f}  "
+                  f"skipped {result.groups_skipped}/{len(groups)}  {result.metrics['seconds']:.0f}s", flush=True)
+        after = await evaluate()
+    await client.close()
+    print(f"{task} seed {seed}: held-out {before:.3f} -> {after:.3f} ({time.monotonic() - t0:.0f}s)", flush=True)
+    return {"task": task, "seed": seed, "before": before, "after": after, "train_reward": curve,
+            "seconds": time.monotonic() - t0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    ap.add_argument("--learning-rate", type=float)
+    ap.add_argument("--loss")
+    ap.add_argument("--scale-rewards", type=lambda s: s.lower() in ("1", "true", "yes"))
+    a = ap.parse_args()
+    settings = {k: v for k, v in (("learning_rate", a.learning_rate), ("loss", a.loss),
+                                  ("scale_rewards", a.scale_rewards)) if v is not None}
+    runs = []
+    with tempfile.TemporaryDirectory() as home:
+        art.configure(home=home, store=f"{home}/store.db", progress=False)
+        for task in a.tasks:
+            for seed in a.seeds:
+                runs.append(asyncio.run(run_task(task, seed, settings, a.steps, home)))
+    key = json.dumps(settings, sort_keys=True) if settings else "defaults"
+    path = RESULTS / "learning.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.setdefault("runs", {})[key] = {"settings": settings, "steps": a.steps, "runs": runs}
+    save_result("learning", data)
+    for task in a.tasks:
+        mine = [r for r in runs if r["task"] == task]
+        gain = [r["after"] - r["before"] for r in mine]
+        print(f"{key} {task}: before {statistics.mean(r['before'] for r in mine):.3f} after "
+              f"{statistics.mean(r['after'] for r in mine):.3f} gain {statistics.mean(gain):+.3f} "
+              f"(min {min(gain):+.3f})")
+
+
+if __name__ == "__main__":
+    main()
