@@ -29,6 +29,9 @@ import torch
 
 log = logging.getLogger("artsdk.local")
 QUIET, GATHER = 0.005, 0.03
+# Temperatures below this sample as if they were this: dividing logits by 1e-300 overflows,
+# and below 0.01 the distribution is one token anyway. (0 means greedy.)
+MIN_TEMPERATURE = 0.01
 
 
 @dataclass
@@ -241,7 +244,7 @@ class Engine:
     def _sample(self, logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor,
                 seqs: list[_Seq]) -> tuple[torch.Tensor, torch.Tensor]:
         greedy = temps <= 0
-        scaled = logits / torch.where(greedy, torch.ones_like(temps), temps)[:, None]
+        scaled = logits / torch.where(greedy, torch.ones_like(temps), temps.clamp(min=MIN_TEMPERATURE))[:, None]
         # logprobs of the tempered distribution (greedy rows: temperature 1): what the trainer recomputes
         logprobs_all = torch.log_softmax(scaled, dim=-1)
         young = [r for r, s in enumerate(seqs) if len(s.out.token_ids) < s.req.min_tokens]

@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -35,6 +35,18 @@ MAX_TOKENS_LIMIT = 1_000_000
 _STEP = re.compile(r"[0-9]{1,9}")
 
 
+class ChatMessage(BaseModel):
+    """One chat message, as OpenAI's API takes it (other fields are kept as they are)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: Optional[Union[str, list[dict[str, Any]]]] = None
+    name: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None
+    tool_call_id: Optional[str] = None
+
+
 class ChatRequest(BaseModel):
     """A chat-completion request. Every sampling field is checked here, so one request's bad
     value is its own 400 and never reaches a batch shared with others."""
@@ -42,7 +54,7 @@ class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)  # unknown OpenAI parameters are ignored
 
     model: str = Field(min_length=1, max_length=256)
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
     temperature: float = Field(1.0, ge=0, le=2)
@@ -111,7 +123,7 @@ def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[st
     async def chat(body: ChatRequest) -> Any:
         served, step = _resolve(models(), body.model)
         try:
-            prompt = served.chat.prompt_ids(body.messages, body.tools)
+            prompt = served.chat.prompt_ids([m.model_dump(exclude_unset=True) for m in body.messages], body.tools)
         except TrajectoryError as e:
             raise BadRequest(str(e), "messages") from None
         room = served.context_length - len(prompt)

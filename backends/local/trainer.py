@@ -42,6 +42,8 @@ import torch.nn.functional as F
 from artsdk.errors import TrainingError, TrajectoryError
 from artsdk.trajectory import Group, LLMCall, Trajectory
 
+from .engine import MIN_TEMPERATURE
+
 log = logging.getLogger("artsdk.local")
 
 LOSSES = {
@@ -165,9 +167,12 @@ def is_policy_call(call: LLMCall, policy: str) -> bool:
 
 
 def temperature_of(call: LLMCall) -> float:
-    """The temperature a call sampled at (1 when unset; greedy calls are scored at 1)."""
+    """The temperature a call sampled at (1 when unset; greedy calls are scored at 1), as
+    the engine applied it."""
     t = call.params.get("temperature")
-    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < math.inf else 1.0
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < math.inf:
+        return 1.0
+    return max(float(t), MIN_TEMPERATURE)
 
 
 @dataclass
