@@ -113,7 +113,7 @@ def cmd_show(a: argparse.Namespace) -> int:
 def cmd_export(a: argparse.Namespace) -> int:
     with _store(a) as store:
         n = store.export_jsonl(a.out, **_filter_values(a))
-    print(f"wrote {n} trajectories to {a.out}", file=sys.stderr)
+    print(f"wrote {n} trajectories to {'standard output' if a.out is sys.stdout else a.out}", file=sys.stderr)
     return 0
 
 
@@ -176,11 +176,14 @@ def cmd_train(a: argparse.Namespace) -> int:
     if not (folder / "train.py").is_file():
         print(f"artsdk train: {a.path} has no train.py (give a folder like examples/tic_tac_toe)", file=sys.stderr)
         return 2
-    root = Path.cwd().resolve()
-    try:
-        module = ".".join(folder.relative_to(root).parts) + ".train"
-    except ValueError:
-        root, module = folder.parent, f"{folder.name}.train"
+    # the folder's module name counts every package above it (examples/tic_tac_toe ->
+    # examples.tic_tac_toe), wherever it is run from
+    root, parts = folder, [folder.name]
+    while (root / "__init__.py").is_file() and (root.parent / "__init__.py").is_file():
+        root = root.parent
+        parts.insert(0, root.name)
+    root = root.parent
+    module = ".".join(parts) + ".train"
     sys.path.insert(0, str(root))
     sys.argv = [str(folder / "train.py"), *a.args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)

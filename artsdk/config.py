@@ -26,6 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .errors import ConfigError
 
 ENV_PREFIX = "ARTSDK_"
+# ARTSDK_* variables that are not settings but are read where they are needed
+OTHER_VARIABLES = {"ARTSDK_CACHE": "the local backend's cache of converted base models"}
 
 
 class Settings(BaseModel):
@@ -79,11 +81,13 @@ def _find_file(start: Path) -> tuple[Optional[Path], dict[str, Any]]:
 def _from_env() -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in os.environ.items():
-        if not key.startswith(ENV_PREFIX):
+        if not key.startswith(ENV_PREFIX) or key in OTHER_VARIABLES:
             continue
         name = key[len(ENV_PREFIX):].lower()
         if name not in Settings.model_fields or name == "config_file":
-            continue
+            known = sorted(f"{ENV_PREFIX}{k.upper()}" for k in Settings.model_fields if k != "config_file")
+            raise ConfigError(f"unknown environment variable {key}: not an artsdk setting; known: "
+                              f"{', '.join(known + sorted(OTHER_VARIABLES))} (unset it, or fix its spelling)")
         if name == "backend_options":
             import json
 
@@ -115,9 +119,16 @@ def load() -> Settings:
         field = ".".join(str(x) for x in first["loc"])
         raise ConfigError(f"setting {field!r} is invalid: {first['msg']} "
                           f"(value {first.get('input')!r})") from None
-    if settings.home and not Path(settings.home).is_absolute() and path is not None:
-        # a relative home in a config file is relative to that file, not to the cwd
-        settings.home = str(path.parent / settings.home)
+    if path is not None:
+        # relative paths written in a config file are relative to that file, not to the cwd
+        # (run from a subfolder, the same store and home are used)
+        home_given = "home" in _overrides or "home" in _from_env()
+        if not home_given and not Path(settings.home).is_absolute():  # from the file, or the default
+            settings.home = str(path.parent / settings.home)
+        store = from_file.get("store")
+        store_given = "store" in _overrides or "store" in _from_env()
+        if store and not store_given and "://" not in store and not Path(store).is_absolute():
+            settings.store = str(path.parent / store)
     return settings
 
 

@@ -10,13 +10,14 @@ def test_won():
     assert won(t) == 1.0
 ```
 
-The pytest fixture ``art_store`` (registered when artsdk is installed) gives each test an
-empty SQLite store in a temporary folder and makes it the default store.
+The pytest fixture ``art_store`` (registered when artsdk is installed, see
+``artsdk.pytest_plugin``) gives each test an empty SQLite store in a temporary folder and
+makes it the default store.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from .trajectory import Choice, ErrorInfo, LLMCall, Message, Trajectory, check_messages
 
@@ -58,22 +59,3 @@ def trajectory(
     if error is not None:
         t.error = ErrorInfo(type="Exception", message=error)
     return t
-
-
-def _art_store_fixture(tmp_path: Any) -> Iterator[Any]:
-    from . import config
-    from .store import default_store
-
-    config.configure(store=str(tmp_path / "store.db"), home=str(tmp_path / ".artsdk"))
-    try:
-        yield default_store()
-    finally:
-        config.configure(store=None, home=None)  # closes it
-
-
-try:  # the plugin registers only where pytest is installed
-    import pytest
-
-    art_store = pytest.fixture(name="art_store")(_art_store_fixture)
-except ImportError:  # pragma: no cover
-    pass

@@ -80,6 +80,19 @@ def prepare(engine: sa.engine.Engine, path: Optional[Path], where: str, allow_fo
         raise
     except sa.exc.DatabaseError as e:
         engine.dispose()
-        hint = ("it is not an SQLite database or it is corrupt; move it aside and start a "
-                "new store" if path is not None else "check the URL and the server")
-        raise StoreError(f"cannot open store {where}: {e.orig}; {hint}") from None
+        raise StoreError(f"cannot open store {where}: {e.orig}; {_hint(path, e)}") from None
+
+
+def _hint(path: Optional[Path], e: sa.exc.DatabaseError) -> str:
+    """What to do about a database that would not open, judged by what is on disk."""
+    import os
+
+    if path is None:
+        return "check the URL and the server"
+    if not path.exists() or "readonly" in str(e.orig).lower() or "unable to open" in str(e.orig).lower():
+        folder = path.parent
+        if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+            return (f"{folder if not path.exists() else path} is not writable by this user; point `store` "
+                    f"at a folder you can write to, or fix the permissions")
+        return "check that the folder exists and can be written to"
+    return "it is not an SQLite database or it is corrupt; move it aside and start a new store"

@@ -3,9 +3,9 @@
 Only tokens this model sampled are trained (their recorded ids), in the calls it served
 (``served_by`` names it); prompts, tool results, user turns and other models' answers are
 context. Several trajectories share a row (no padding to the longest) and attention never
-crosses from one to the next: each segment's position ids restart at 0, which transformers
-turns into a block-diagonal causal mask. Rows are filled up to a token budget, so memory
-stays bounded whatever the group size; gradients accumulate over rows.
+crosses from one to the next: each segment's position ids restart at 0 and attention runs
+segment by segment (attention.py). Rows are filled up to a token budget, so memory stays
+bounded whatever the group size; gradients accumulate over rows.
 
 The "old" policy of the ratio is the trainer's own: each call makes one optimizer step, so
 the old logprobs are the gradient pass's values detached -- the same weights, packing and
@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from artsdk.errors import TrainingError, TrajectoryError
 from artsdk.trajectory import Group, LLMCall, Trajectory
 
+from .attention import packed_attention
 from .engine import MIN_TEMPERATURE
 
 log = logging.getLogger("artsdk.local")
@@ -68,8 +69,11 @@ class TrainConfig:
     beta: float = 0.0  # KL to the base model (adapter disabled); off by default
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
-    tokens_per_row: int = 2048  # token budget of one packed row (one forward/backward)
+    # token budget of one packed row (one forward/backward); None: 512 on the CPU, 4096 on a GPU.
+    # Attention runs per segment, so small rows cost little speed and bound memory
+    tokens_per_row: Optional[int] = None
     max_completion_tokens: int = 1024  # dr_grpo's constant normaliser
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, ~30% more time
     is_cap: Optional[float] = 2.0  # truncation of the sampler-correction weight; None: no correction
     seed: int = 0
 
@@ -105,11 +109,14 @@ class TrainConfig:
             raise ValueError(f"training setting is_cap={self.is_cap!r} must be at least 1 (or None)")
         for name in ("tokens_per_row", "max_completion_tokens", "seed"):
             value = getattr(self, name)
+            if value is None and name == "tokens_per_row":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and name != "seed"):
                 raise ValueError(f"training setting {name}={value!r} must be a whole number"
                                  + (" >= 1" if name != "seed" else ""))
-        if not isinstance(self.scale_rewards, bool):
-            raise ValueError(f"training setting scale_rewards={self.scale_rewards!r} must be true or false")
+        for name in ("scale_rewards", "gradient_checkpointing"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"training setting {name}={getattr(self, name)!r} must be true or false")
 
 
 @dataclass
@@ -334,14 +341,18 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
     if sum(s.n_trained for s in segs_trained) == 0:  # nothing to learn from: the same metrics, all zero
         metrics.update(zero, seconds=time.perf_counter() - t0)
         return metrics
-    rows = pack(units, cfg.tokens_per_row)
+    rows = pack(units, cfg.tokens_per_row or (4096 if device.startswith("cuda") else 512))
     model.train()
     optimizer.zero_grad(set_to_none=True)
     sums = dict.fromkeys(("loss", "clipped", "kl", "tokens", "row_tokens", "ratio", "gap", "gap_n",
                           "gap_max", "is_weight", "is_truncated"), 0.0)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if cfg.gradient_checkpointing:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     try:
-        for row in rows:
-            _row_loss(model, row, cfg, eps_lo, eps_hi, device, reference, sums)
+        with packed_attention(model):
+            for row in rows:
+                _row_loss(model, row, cfg, eps_lo, eps_hi, device, reference, sums)
         params = [p for p in model.parameters() if p.requires_grad]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         if not math.isfinite(sums["loss"]) or not torch.isfinite(grad_norm):
@@ -349,8 +360,11 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
                                 f"finite; the step was abandoned and no weight moved")
         _guarded_step(optimizer, params)
     finally:
+        if cfg.gradient_checkpointing:
+            base.gradient_checkpointing_disable()
         optimizer.zero_grad(set_to_none=True)
         model.eval()
+        _release_memory()
     tokens = max(sums["tokens"], 1)
     metrics.update(
         loss=sums["loss"], grad_norm=float(grad_norm), tokens_trained=sums["tokens"],
@@ -448,6 +462,17 @@ def _guarded_step(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) 
     optimizer.load_state_dict(state)
     raise TrainingError("the update made some weights non-finite (is the learning rate far too large?); it "
                         "was undone and the step abandoned")
+
+
+def _release_memory() -> None:
+    """Give the step's freed activations back to the system: glibc keeps freed memory in
+    its arenas, and a process that trained once would hold its peak for good."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _per_traj(index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
