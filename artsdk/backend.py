@@ -177,17 +177,37 @@ class Session:
         bad = [g for g in groups if not isinstance(g, Group)]
         if bad:
             raise RolloutError(f"train() takes art.Group objects, got {type(bad[0]).__name__}")
-        result = await self.backend.train(self.model, groups, **config)
+        try:
+            result = await self.backend.train(self.model, groups, **config)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):  # a step the backend committed as it was stopped is recorded too
+                await self._catch_up()
+            raise
         self.history.append(result)
         if not result.trained:
             log.warning("%s: nothing was trained, the model stays at step %d: %s", self.model.name,
                         result.step, result.reason)
             return result
         self.step = result.step
-        await anyio.to_thread.run_sync(  # a commit: kept off the event loop
-            default_store().record_step, self.model.project, self.model.name, result.step,
-            result.metrics, result.checkpoint)
+        with anyio.CancelScope(shield=True):  # once the backend has the step, the store gets it too
+            await anyio.to_thread.run_sync(  # a commit: kept off the event loop
+                default_store().record_step, self.model.project, self.model.name, result.step,
+                result.metrics, result.checkpoint)
         return result
+
+    async def _catch_up(self) -> None:
+        """Record a step the backend has but the store does not (one cut short by Ctrl-C
+        after its checkpoint was written), so the store and the checkpoints agree."""
+        from .store import default_store
+
+        try:
+            step = await self.backend.step(self.model)
+        except Exception:  # noqa: BLE001 - the backend is gone: nothing more to learn from it
+            return
+        if step > self.step:
+            self.step = step
+            await anyio.to_thread.run_sync(default_store().record_step, self.model.project, self.model.name,
+                                           step, {}, None)
 
 
 _sessions: list[Session] = []

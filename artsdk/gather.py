@@ -114,10 +114,14 @@ async def gather(
     reward_errors: list[RewardError] = []
     pending_writes: list[Any] = []
 
+    def keep_interrupted(traj: Any) -> None:  # Ctrl-C mid-rollout: stored, marked "Interrupted"
+        if db is not None:
+            db.submit(traj)
+
     async def one(group: Group, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         for attempt in range(retries + 1):
             async with slots:
-                traj = await rollout.run(args, kwargs, timeout=timeout, limiter=threads,
+                traj = await rollout.run(args, kwargs, timeout=timeout, limiter=threads, interrupted=keep_interrupted,
                                          group_id=group.id, group_index=index, attempt=attempt)
             if traj.error is None or attempt == retries:
                 break
@@ -130,9 +134,16 @@ async def gather(
         args, kwargs = _as_call(scenario)
         group = Group(id=new_id(), rollout=rollout.name, scenario=scenario)
         group.trajectories = [None] * group_size  # type: ignore[list-item]
-        async with anyio.create_task_group() as tg:
-            for k in range(group_size):
-                tg.start_soon(one, group, k, args, kwargs)
+        try:
+            async with anyio.create_task_group() as tg:
+                for k in range(group_size):
+                    tg.start_soon(one, group, k, args, kwargs)
+        except BaseException:
+            if db is not None:  # the members that finished before the group was stopped, unscored
+                done = [t for t in group.trajectories if t is not None]
+                if done:
+                    db.submit(done)
+            raise
         try:
             await score(group.trajectories, reward_fns)
         except RewardError as e:

@@ -130,6 +130,11 @@ class Rollout(Generic[R]):
         except Exception as e:
             traj.error = ErrorInfo.from_exception(e)
             raise
+        except BaseException as e:  # Ctrl-C, a cancelled task: kept as what it is, then passed on
+            if traj.error is None:
+                traj.error = ErrorInfo(type="Interrupted", message=f"the rollout was stopped before it finished "
+                                                                   f"({type(e).__name__})")
+            raise
         finally:
             current_recorder.reset(token)
             self._finish(traj, rec, perf_counter() - t0)
@@ -152,26 +157,34 @@ class Rollout(Generic[R]):
 
     async def run(self, args: tuple[Any, ...] = (), kwargs: Optional[dict[str, Any]] = None, *,
                   timeout: Optional[float] = None, limiter: Optional[anyio.CapacityLimiter] = None,
-                  **fields: Any) -> Trajectory:
+                  interrupted: Optional[Callable[[Trajectory], None]] = None, **fields: Any) -> Trajectory:
         """Run once and return the trajectory, unscored and unstored. Exceptions from the
-        agent code (and a timeout) are recorded in ``trajectory.error``, not raised."""
+        agent code (and a timeout) are recorded in ``trajectory.error``, not raised. If the run
+        is cancelled, ``interrupted`` gets the trajectory so far (``error.type`` "Interrupted")
+        before the cancellation goes on."""
         kwargs = kwargs or {}
-        with self._recording(args, kwargs, **fields) as traj:
-            try:
-                with anyio.fail_after(timeout) if timeout else nullcontext():
-                    if self.is_async:
-                        traj.outcome = await self.fn(*args, **kwargs)
-                    else:
-                        ctx = contextvars.copy_context()
-                        traj.outcome = await anyio.to_thread.run_sync(
-                            functools.partial(ctx.run, self.fn, *args, **kwargs),
-                            limiter=limiter, abandon_on_cancel=True,
-                        )
-            except Exception as e:
-                if isinstance(e, TimeoutError) and timeout:
-                    e = TimeoutError(f"rollout {self.name!r} took longer than its timeout of {timeout} s")
-                traj.error = ErrorInfo.from_exception(e)
-        return traj
+        traj: Optional[Trajectory] = None
+        try:
+            with self._recording(args, kwargs, **fields) as traj:
+                try:
+                    with anyio.fail_after(timeout) if timeout else nullcontext():
+                        if self.is_async:
+                            traj.outcome = await self.fn(*args, **kwargs)
+                        else:
+                            ctx = contextvars.copy_context()
+                            traj.outcome = await anyio.to_thread.run_sync(
+                                functools.partial(ctx.run, self.fn, *args, **kwargs),
+                                limiter=limiter, abandon_on_cancel=True,
+                            )
+                except Exception as e:
+                    if isinstance(e, TimeoutError) and timeout:
+                        e = TimeoutError(f"rollout {self.name!r} took longer than its timeout of {timeout} s")
+                    traj.error = ErrorInfo.from_exception(e)
+            return traj
+        except BaseException:
+            if interrupted is not None and traj is not None:
+                interrupted(traj)
+            raise
 
     async def collect(self, *args: Any, **kwargs: Any) -> Trajectory:
         """Run once, apply this rollout's rewards, store the trajectory and return it.
@@ -182,7 +195,7 @@ class Rollout(Generic[R]):
         """
         from .store import default_store
 
-        traj = await self.run(args, kwargs)
+        traj = await self.run(args, kwargs, interrupted=default_store().submit)
         problem: Optional[RewardError] = None
         try:
             await score([traj], self.rewards)

@@ -29,9 +29,11 @@ def load_config(path: Path, argv: Sequence[str] | None) -> dict[str, Any]:
     ap.add_argument("--scenarios-per-step", type=int)
     ap.add_argument("--eval-games", type=int)
     ap.add_argument("--out", type=Path, help="write the figures (eval before/after, each step) here as JSON")
+    ap.add_argument("--resume", action="store_true", default=None,
+                    help="continue from the model's last checkpoint (default: start fresh, earlier ones moved aside)")
     a = ap.parse_args(argv)
     cfg = tomllib.loads(a.config.read_text())
-    for key in ("steps", "base_model", "group_size", "scenarios_per_step", "eval_games", "out"):
+    for key in ("steps", "base_model", "group_size", "scenarios_per_step", "eval_games", "out", "resume"):
         if getattr(a, key) is not None:
             cfg[key] = getattr(a, key)
     return cfg
@@ -39,7 +41,11 @@ def load_config(path: Path, argv: Sequence[str] | None) -> dict[str, Any]:
 
 async def evaluate(rollout: art.Rollout, scenarios: list[Any], rewards: list[Any],
                    success: Callable[[art.Trajectory], bool] | None = None) -> tuple[float, float | None]:
-    """(mean reward, share of scenarios that ``success`` counts as solved) on held-out scenarios."""
+    """(mean reward, share of scenarios that ``success`` counts as solved) on held-out scenarios.
+    A rollout that takes a ``temperature`` answers greedily here, so before and after compare
+    the model's best answers, not samples."""
+    if "temperature" in rollout.signature.parameters:
+        scenarios = [art.Args(s, temperature=0.0) for s in scenarios]
     groups = await art.gather(rollout, scenarios, group_size=1, rewards=rewards)
     trajs = [t for g in groups for t in g]
     scored = [t.reward for t in trajs if t.reward is not None]
@@ -48,17 +54,34 @@ async def evaluate(rollout: art.Rollout, scenarios: list[Any], rewards: list[Any
     return mean, rate
 
 
+def start_fresh(project: str, name: str) -> None:
+    """Move the model's earlier checkpoints (local backend) aside, loudly, so this run starts
+    from the base model; nothing is deleted."""
+    folder = Path(art.settings().home) / project / name / "checkpoints"
+    steps = [p for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
+    if not steps:
+        return
+    kept = folder.with_name(f"checkpoints.{time.strftime('%Y%m%d-%H%M%S')}")
+    folder.rename(kept)
+    print(f"starting fresh: the {len(steps)} checkpoint(s) of an earlier run were moved to {kept} "
+          f"(run with --resume to continue from them instead)", flush=True)
+
+
 async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
                 make_scenarios: Callable[[int, int, dict[str, Any]], list[Any]],
                 success: Callable[[art.Trajectory], bool] | None = None) -> dict[str, Any]:
     art.configure(project=cfg["project"])
+    train_settings = {k: cfg[k] for k in ("learning_rate", "loss") if k in cfg}
     model = art.TrainableModel(cfg["model"], base_model=cfg["base_model"], project=cfg["project"],
-                               config={"train": {"learning_rate": cfg.get("learning_rate", 1e-4),
-                                                 "loss": cfg.get("loss", "cispo")}})
+                               config={"train": train_settings})
     t0 = time.monotonic()
     print(f"{cfg['project']}: training {model.name} from {model.base_model} "
           f"({art.settings().backend} backend, store {art.settings().store_url})", flush=True)
+    if not cfg.get("resume") and art.settings().backend == "local":
+        start_fresh(model.project, model.name)
     async with art.session(model) as run:
+        if run.step:
+            print(f"resuming from step {run.step} of an earlier run", flush=True)
         held_out = make_scenarios(cfg.get("eval_games", 16), 10_000, cfg)
         before, rate_before = await evaluate(rollout, held_out, rewards, success)
         print(f"eval before: mean reward {before:.3f} over {len(held_out)} games"
@@ -79,8 +102,24 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
         print(f"eval after {cfg['steps']} steps: mean reward {after:.3f} over {len(held_out)} games"
               + (f", solved {rate_after:.0%}" if rate_after is not None else "")
               + f" (before {before:.3f}); {time.monotonic() - t0:.0f}s in all", flush=True)
+        final_step = run.step
+    where_next(model, final_step)
     return {"before": before, "after": after, "solved_before": rate_before, "solved_after": rate_after,
             "eval_scenarios": len(held_out), "history": history}
+
+
+def where_next(model: art.TrainableModel, step: int) -> None:
+    """Say where the run left its results and what to try next."""
+    s = art.settings()
+    lines = [f"\nthe model is at step {step}."]
+    if s.backend == "local":
+        lines.append(f"  checkpoints (LoRA adapters, peft format): {Path(s.home).resolve() / model.project / model.name / 'checkpoints'}")
+    lines += [f"  trajectories and steps: {s.store_url}",
+              "next:",
+              f"  artsdk trajectories list --project {model.project}       # the newest rollouts, rewards, errors",
+              f"  artsdk trajectories show <id>                        # one conversation, token by token",
+              "  run this command again to start fresh, or with --resume to continue training"]
+    print("\n".join(lines), flush=True)
 
 
 def main(config_path: Path, rollout: art.Rollout, rewards: list[Any],
@@ -93,7 +132,13 @@ def main(config_path: Path, rollout: art.Rollout, rewards: list[Any],
     cfg = load_config(config_path, argv if argv is not None else sys.argv[1:])
     if rewards_for is not None:
         rewards = rewards_for(cfg)
-    result = asyncio.run(train(cfg, rollout, rewards, make_scenarios, success))
+    try:
+        result = asyncio.run(train(cfg, rollout, rewards, make_scenarios, success))
+    except KeyboardInterrupt:
+        print("\ninterrupted: rollouts in flight were stored as interrupted, and every finished step is "
+              "in its checkpoint. Run again with --resume to continue, or without to start fresh.",
+              file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
     if cfg.get("out"):
         import json
 

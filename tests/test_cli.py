@@ -75,3 +75,32 @@ def test_train_runs_an_example_folder(tmp_path):
     assert "step 1: reward" in out.stdout and "eval after 1 steps" in out.stdout
     code, _, err = run("train", "nowhere", cwd=tmp_path)
     assert code == 2 and "has no train.py" in err
+
+
+def test_export_to_standard_output_says_so(filled, tmp_path):
+    path, good, bad = filled
+    code, out, err = run("trajectories", "export", "-", "--store", str(path), cwd=tmp_path)
+    assert code == 0 and len(out.splitlines()) == 2 and {json.loads(x)["id"] for x in out.splitlines()} == {good.id, bad.id}
+    assert err.strip() == "wrote 2 trajectories to standard output"
+
+
+def test_a_store_that_cannot_be_written_is_not_called_corrupt(tmp_path):
+    import os
+
+    if os.access("/sys", os.W_OK) and not os.path.ismount("/sys"):
+        pytest.skip("needs a folder this user cannot write to")
+    with pytest.raises(art.StoreError) as e:
+        art.Store("/sys/store.db")
+    assert "corrupt" not in str(e.value) and "written" in str(e.value)
+
+
+def test_a_missing_base_model_folder_is_not_a_hub_id(tmp_path):
+    import anyio
+
+    pytest.importorskip("torch")
+    from backends.local import LocalBackend
+
+    be = LocalBackend(device="cpu", home=str(tmp_path / "home"))
+    with pytest.raises(art.ModelLoadError, match="'./no/such/folder': there is no such folder or file"):
+        anyio.run(be.register, art.TrainableModel("m", base_model="./no/such/folder"))
+    anyio.run(be.close)

@@ -192,3 +192,37 @@ async def test_example_trains_end_to_end(name, art_store, tmp_path, monkeypatch)
     assert art_store.steps(project, cfg["model"])[-1]["step"] == 2
     json.dumps([t.outcome for t in trajs])  # outcomes are plain JSON
     await client.close()
+
+
+# -- the demo's runner: Ctrl-C ----------------------------------------------------------------
+
+def test_ctrl_c_stops_in_seconds_with_one_line_and_keeps_what_ran(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    p = subprocess.Popen(
+        [sys.executable, "-m", "artsdk.cli", "train", str(root / "examples" / "reviews"), "--base-model", "tiny",
+         "--steps", "50", "--group-size", "32", "--scenarios-per-step", "16", "--eval-games", "4"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(root)})
+    for line in p.stdout:  # two steps done; the third one's 512 rollouts are under way
+        if line.startswith("step 2:"):
+            break
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and time.monotonic() - t0 < 20
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted:"), err[-2000:]
+    store = art.Store(str(tmp_path / ".artsdk" / "store.db"))
+    interrupted = store.trajectories(project="reviews", error=True, limit=10_000)
+    assert interrupted and all(t.error.type == "Interrupted" for t in interrupted)
+    folder = tmp_path / ".artsdk" / "reviews" / "review-agent" / "checkpoints"
+    on_disk = sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.exists() else []
+    assert [s["step"] for s in store.steps("reviews", "review-agent")] == on_disk  # whole steps, or none
+    store.close()

@@ -118,6 +118,13 @@ async def test_session_routes_the_trainable_model_to_the_backend(server, art_sto
             # calls for other models still go where their client points
             r = await other_client.chat.completions.create(model="gpt", messages=[{"role": "user", "content": "x"}])
             assert r.model == "gpt@0"
+            # name@step names one step of the trainable model: routed too, the step kept
+            r = await agent_client.chat.completions.create(model="ttt@0", messages=[{"role": "user", "content": "y"}])
+            assert backend_server.requests[-1]["body"]["model"] == "ttt@0"
+            # a misspelt name is not routed: the failure says which name was meant
+            with pytest.raises(Exception) as caught:
+                await agent_client.chat.completions.create(model="ttt-", messages=[{"role": "user", "content": "z"}])
+            assert any("'ttt-' is not the trainable model 'ttt'" in n for n in caught.value.__notes__)
         assert not backend.closed  # a backend passed in is the caller's to close
         assert art.current_session() is None and "ttt" not in art.capture.routes
 
@@ -131,3 +138,32 @@ async def test_session_routes_the_trainable_model_to_the_backend(server, art_sto
             await run.train([])
     await agent_client.close()
     await other_client.close()
+
+
+def test_every_setting_is_documented():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "config.md").read_text()
+    for name in art.Settings.model_fields:
+        if name != "config_file":
+            assert f"| `{name}` | `ARTSDK_{name.upper()}" in page, name
+
+
+def test_misspelt_environment_variable_is_an_error(monkeypatch):
+    monkeypatch.setenv("ARTSDK_BACKNED", "remote")
+    with pytest.raises(art.ConfigError, match="unknown environment variable ARTSDK_BACKNED"):
+        art.configure(project="x")
+    monkeypatch.delenv("ARTSDK_BACKNED")
+    monkeypatch.setenv("ARTSDK_CACHE", "/tmp/somewhere")  # read by the local backend: not an error
+    assert art.configure(project="x").project == "x"
+
+
+def test_paths_in_the_config_file_are_relative_to_it(tmp_path, monkeypatch):
+    (tmp_path / "artsdk.toml").write_text('store = "runs/store.db"\nhome = "state"\n')
+    sub = tmp_path / "deep" / "er"
+    sub.mkdir(parents=True)
+    monkeypatch.chdir(sub)
+    s = art.configure(project="x")
+    assert s.store == str(tmp_path / "runs" / "store.db") and s.home == str(tmp_path / "state")
+    monkeypatch.setenv("ARTSDK_STORE", "mine.db")  # from the environment: as given
+    assert art.configure(project="x").store == "mine.db"

@@ -76,6 +76,45 @@ class Route:
 routes: dict[str, Route] = {}
 
 
+def route_for(model: Any) -> Optional[tuple[Route, str]]:
+    """Where a call naming ``model`` goes during a session, and the model name to send: a
+    trainable model's name exactly (its newest step), or ``name@step`` (that step)."""
+    if not routes or not isinstance(model, str):
+        return None
+    route = routes.get(model)
+    if route is not None:
+        return route, route.served_model or model
+    name, at, step = model.partition("@")
+    route = routes.get(name) if at and step.isascii() and step.isdigit() else None
+    return (route, f"{route.served_model or name}@{step}") if route is not None else None
+
+
+def hint_misspelt_model(exc: BaseException, model: Any) -> None:
+    """A call that failed while a session is open, naming a model one edit away from a
+    trainable one: say so on the exception (it went to the client's own server instead)."""
+    if not routes or not isinstance(model, str) or model in routes:
+        return
+    for name in routes:
+        if _one_edit(model, name):
+            exc.add_note(f"artsdk: {model!r} is not the trainable model {name!r} of the open session, so this "
+                         f"call went to the client's own server; calls reach the backend only when model= "
+                         f"names the trainable model exactly")
+            return
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """True when a and b differ by one insertion, deletion, substitution or swap."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1
+                                  and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]])
+    short, long = sorted((a, b), key=len)
+    i = next((k for k, (x, y) in enumerate(zip(short, long)) if x != y), len(short))
+    return short[i:] == long[i + 1:]
+
+
 class Cassette:
     """The recorded calls of one trajectory, answered in order during ``replay.rerun``."""
 

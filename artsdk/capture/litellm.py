@@ -12,7 +12,7 @@ from time import perf_counter
 from typing import Any, Callable, Optional
 
 from . import context
-from .context import Recorder, current_cassette, current_recorder, inside_call, routes
+from .context import Recorder, current_cassette, current_recorder, hint_misspelt_model, inside_call, route_for
 from .record import (
     StreamAccumulator,
     chunks_from_call,
@@ -51,11 +51,11 @@ def _named(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _route(kwargs: dict[str, Any]) -> dict[str, Any]:
-    route = routes.get(kwargs.get("model"))  # type: ignore[arg-type]
-    if route is None:
+    found = route_for(kwargs.get("model"))
+    if found is None:
         return kwargs
-    return {**kwargs, "model": f"openai/{route.served_model or kwargs['model']}",
-            "api_base": route.base_url, "api_key": route.api_key}
+    route, send_as = found
+    return {**kwargs, "model": f"openai/{send_as}", "api_base": route.base_url, "api_key": route.api_key}
 
 
 def _wrap_sync(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -75,6 +75,7 @@ def _wrap_sync(orig: Callable[..., Any]) -> Callable[..., Any]:
         except BaseException as exc:
             if rec is not None:
                 rec.add(failed_call("litellm", kwargs, exc, perf_counter() - t0))
+            hint_misspelt_model(exc, kwargs.get("model"))
             raise
         finally:
             inside_call.reset(token)
@@ -102,6 +103,7 @@ def _wrap_async(orig: Callable[..., Any]) -> Callable[..., Any]:
         except BaseException as exc:
             if rec is not None:
                 rec.add(failed_call("litellm", kwargs, exc, perf_counter() - t0))
+            hint_misspelt_model(exc, kwargs.get("model"))
             raise
         finally:
             inside_call.reset(token)

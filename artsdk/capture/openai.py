@@ -13,7 +13,8 @@ from time import perf_counter
 from typing import Any, Callable, Optional
 
 from . import context
-from .context import Recorder, Route, current_cassette, current_recorder, inside_call, routes
+from .context import (Recorder, Route, current_cassette, current_recorder, hint_misspelt_model, inside_call,
+                      route_for, routes)
 from .record import (
     StreamAccumulator,
     chunks_from_call,
@@ -57,9 +58,10 @@ def unpatch(module: Any) -> None:
 def _routed(resource: Any, model: Any) -> tuple[Any, dict[str, Any] | None]:
     """The resource to send to: for a trainable model during a session, the same client
     pointed at the backend's endpoint."""
-    route = routes.get(model) if isinstance(model, str) else None
-    if route is None:
+    found = route_for(model)
+    if found is None:
         return resource, None
+    route, send_as = found
     client = resource._client
     per_client = _routed_clients.setdefault(client, {})
     target = per_client.get(route)
@@ -70,7 +72,7 @@ def _routed(resource: Any, model: Any) -> tuple[Any, dict[str, Any] | None]:
             del per_client[old]
         target = client.with_options(base_url=route.base_url, api_key=route.api_key).chat.completions
         per_client[route] = target
-    return target, ({"model": route.served_model} if route.served_model else None)
+    return target, ({"model": send_as} if send_as != model else None)
 
 
 def _is_raw(kwargs: dict[str, Any]) -> bool:
@@ -95,6 +97,7 @@ def _wrap_sync(orig: Callable[..., Any], kind: str) -> Callable[..., Any]:
         except BaseException as exc:
             if rec is not None:
                 rec.add(failed_call("openai", kwargs, exc, perf_counter() - t0))
+            hint_misspelt_model(exc, kwargs.get("model"))
             raise
         finally:
             inside_call.reset(token)
@@ -122,6 +125,7 @@ def _wrap_async(orig: Callable[..., Any], kind: str) -> Callable[..., Any]:
         except BaseException as exc:
             if rec is not None:
                 rec.add(failed_call("openai", kwargs, exc, perf_counter() - t0))
+            hint_misspelt_model(exc, kwargs.get("model"))
             raise
         finally:
             inside_call.reset(token)

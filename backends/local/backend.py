@@ -116,7 +116,7 @@ class LocalBackend:
         if served is None:
             raise BackendError(f"model {model.name!r} is not registered with this backend; open a session first")
         try:
-            step, metrics, path = await anyio.to_thread.run_sync(served.train, list(groups), config)
+            step, metrics, path = await _interruptible(served.train, list(groups), config)
         except ArtError:  # TrajectoryError, TrainingError: they name the culprit already
             raise
         except ValueError as e:  # a bad setting
@@ -165,3 +165,25 @@ class LocalBackend:
     @property
     def base_url(self) -> Optional[str]:
         return self._server.base_url if self._server is not None else None
+
+
+async def _interruptible(fn: Any, *args: Any) -> Any:
+    """``fn(*args, stop)`` in a worker thread. If the caller is cancelled (Ctrl-C), ``stop``
+    is set and the cancellation waits (a second or two, one packed row) for the step to
+    give up before its update, so a step is whole or absent."""
+    stop, done = threading.Event(), threading.Event()
+
+    def work() -> Any:
+        try:
+            return fn(*args, stop)
+        finally:
+            done.set()
+
+    try:
+        return await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+    except anyio.get_cancelled_exc_class():
+        stop.set()
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(done.wait, 120)
+        raise
+

@@ -186,9 +186,11 @@ class ServedModel:
 
     # -- training -----------------------------------------------------------------------
 
-    def train(self, groups: list[Any], overrides: dict[str, Any]) -> tuple[int, dict[str, float], Optional[str]]:
+    def train(self, groups: list[Any], overrides: dict[str, Any],
+              stop: Optional[threading.Event] = None) -> tuple[int, dict[str, float], Optional[str]]:
         """One step: (new step, metrics, checkpoint folder). A batch with nothing to learn
-        from moves nothing: (the same step, metrics, None)."""
+        from moves nothing: (the same step, metrics, None). ``stop`` set before the update
+        raises StepInterrupted, with nothing moved or written."""
         cfg = TrainConfig.build(self.train_config, overrides)
         for g in self.optimizer.param_groups:
             g["lr"] = cfg.learning_rate
@@ -198,7 +200,7 @@ class ServedModel:
                     self.merger.restore()  # training (and the KL reference) needs the base weights
                 self.model.set_adapter("policy")
                 metrics = train_step(self.model, self.optimizer, groups, cfg, self.tokenizing(),
-                                     device=self.device, reference=self.model.disable_adapter)
+                                     device=self.device, reference=self.model.disable_adapter, stop=stop)
             if not metrics["tokens_trained"]:
                 return self.step, metrics, None
             step = self.step + 1

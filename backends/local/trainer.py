@@ -32,6 +32,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -296,10 +297,16 @@ def token_logprobs(model: Any, ids: torch.Tensor, pos: torch.Tensor, keep: Optio
     return -F.cross_entropy(logits, ids[keep + 1], reduction="none")
 
 
+class StepInterrupted(Exception):
+    """The step was asked to stop (``stop`` was set) before its update: nothing moved."""
+
+
 def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Group], cfg: TrainConfig,
-               tk: Tokenizing, device: str, reference: Optional[Callable[[], Any]] = None) -> dict[str, float]:
+               tk: Tokenizing, device: str, reference: Optional[Callable[[], Any]] = None,
+               stop: Optional[threading.Event] = None) -> dict[str, float]:
     """One optimizer step on ``groups``; returns the step's metrics. Bad input raises
-    TrajectoryError and a non-finite loss or gradient TrainingError, before any weight moves."""
+    TrajectoryError and a non-finite loss or gradient TrainingError, before any weight moves;
+    ``stop`` set (Ctrl-C) raises StepInterrupted at the next row, also before any weight moves."""
     t0 = time.perf_counter()
     eps_lo, eps_hi, norm = LOSSES[cfg.loss]
     eps_lo = cfg.epsilon if cfg.epsilon is not None else eps_lo
@@ -352,7 +359,11 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
     try:
         with packed_attention(model):
             for row in rows:
+                if stop is not None and stop.is_set():
+                    raise StepInterrupted()
                 _row_loss(model, row, cfg, eps_lo, eps_hi, device, reference, sums)
+        if stop is not None and stop.is_set():
+            raise StepInterrupted()
         params = [p for p in model.parameters() if p.requires_grad]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         if not math.isfinite(sums["loss"]) or not torch.isfinite(grad_norm):
