@@ -7,7 +7,7 @@ SmolLM2-135M (CPU): the held-out greedy score before and after N GRPO steps, see
 Each step gathers 8 prompts x 8 samples (temperature 1, at most 16 tokens) and trains once;
 the held-out set is 48 prompts the training never sees, answered greedily. A task's score is
 its mean reward: 1 for the exact answer alone, partial credit for the right answer inside
-more text. Without settings it measures the defaults; every run is added to
+more text, more the shorter the text. Without settings it measures the defaults; every run is added to
 bench/results/learning.json under its settings, so a sweep is several commands.
 """
 
@@ -25,15 +25,12 @@ from typing import Any, Callable
 
 import artsdk as art
 from bench.common import RESULTS, save_result
+from examples.reviews.agent import prompt, shaped
+from examples.reviews.reviews import reviews
 
 GROUPS, GROUP_SIZE, HELD_OUT, MAX_TOKENS = 8, 8, 48, 16
 
 # -- the tasks: (prompt, answer) from a seeded generator, and a reward on the reply -------
-
-POSITIVE = ["delicious", "friendly", "wonderful", "excellent", "lovely", "fantastic", "great", "perfect"]
-NEGATIVE = ["awful", "rude", "terrible", "horrible", "cold", "disappointing", "bad", "broken"]
-THINGS = ["The food", "The staff", "The room", "The service", "The movie", "The phone", "The book", "The coffee"]
-
 
 def add(rng: random.Random) -> tuple[str, str]:
     a, b = rng.randint(10, 49), rng.randint(10, 49)
@@ -46,33 +43,28 @@ def larger(rng: random.Random) -> tuple[str, str]:
 
 
 def sentiment(rng: random.Random) -> tuple[str, str]:
-    label = rng.choice(["positive", "negative"])
-    words = rng.sample(POSITIVE if label == "positive" else NEGATIVE, 2)
-    things = rng.sample(THINGS, 2)
-    review = f"{things[0]} was {words[0]} and {things[1].lower()} was {words[1]}."
-    return (f"Review: \"{review}\" Is this review positive or negative? Answer with one word.", label)
+    """The review labeller of examples/reviews (the demo)."""
+    (review,) = reviews(1, rng.randrange(2**31))
+    return prompt(review), review.label
 
 
 TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {"add": add, "larger": larger, "sentiment": sentiment}
 
 
 def score(reply: str, scenario: dict[str, str]) -> float:
-    """1 for the answer alone; 0.5 when the answer comes first among the candidates in more
-    text (a number other than the two added, one of the two numbers compared, one of
-    the two labels); else 0."""
+    """The right answer alone 1, the right answer first in more text 0.5 + 0.5 / words
+    (examples/reviews' ``shaped``). Candidates: a number other than the two added, one of the
+    two numbers compared, one of the two labels."""
     answer, task = scenario["answer"], scenario["task"]
     words = re.findall(r"[a-z]+|\d+", reply.lower())
-    if words == [answer]:
-        return 1.0
+    asked = re.findall(r"\d+", scenario["prompt"])
     if task == "sentiment":
         candidates = [w for w in words if w in ("positive", "negative")]
     elif task == "larger":
-        asked = re.findall(r"\d+", scenario["prompt"])
         candidates = [w for w in words if w in asked]
-    else:  # a number that is not one of the two being added
-        asked = re.findall(r"\d+", scenario["prompt"])
+    else:
         candidates = [w for w in words if w.isdigit() and w not in asked]
-    return 0.5 if candidates and candidates[0] == answer else 0.0
+    return shaped(words, candidates, answer)
 
 
 def scenarios(task: str, n: int, seed: int) -> list[dict[str, str]]:

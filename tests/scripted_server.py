@@ -95,7 +95,70 @@ def make_app(step: int = 0) -> FastAPI:
                       "total_tokens": 0},
         }
 
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Any:
+        """The Responses API, answering as the chat route does (the last user message of the
+        input decides); a function call when tools are given and the text is "tool please"."""
+        body = await request.json()
+        app.state.requests.append({"body": body, "auth": request.headers.get("authorization"), "api": "responses"})
+        from artsdk.response_items import chat_messages, items_of, output_items
+
+        messages = chat_messages(items_of(body.get("input")), body.get("instructions"))
+        text = _last_user(messages)
+        if text.startswith("bad json"):
+            return JSONResponse({"error": {"message": "scripted failure", "type": "invalid_request_error"}},
+                                status_code=400)
+        chat_tools = [{"type": "function", "function": {"name": t["name"]}} for t in body.get("tools") or ()]
+        content, tool_calls = answer({"messages": messages, "tools": chat_tools}, 0)
+        toks = tokens_of(content, tool_calls)
+        rid = f"resp_{len(app.state.requests)}"
+        response = {
+            "id": rid, "object": "response", "created_at": time.time(), "status": "completed",
+            "model": f"{body.get('model')}@{app.state.step}", "output": output_items(content, tool_calls, rid),
+            "parallel_tool_calls": True, "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
+            "usage": {"input_tokens": 3, "output_tokens": len(toks), "total_tokens": 3 + len(toks),
+                      "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}},
+            "token_ids": [ord(c) for c in toks], "logprobs": [-0.5] * len(toks),
+            "prompt_token_ids": [ord(c) % 50000 for c in json.dumps(messages)[:64]],
+        }
+        if not body.get("stream"):
+            return response
+        return StreamingResponse(_response_events(response, cut=text.startswith("cut stream")),
+                                 media_type="text/event-stream")
+
     return app
+
+
+async def _response_events(response: dict[str, Any], cut: bool) -> Any:
+    """Responses API events: created, each output item with its text in word deltas, completed."""
+    seq = iter(range(10**6))
+
+    def event(kind: str, **fields: Any) -> str:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': next(seq), **fields})}\n\n"
+
+    yield event("response.created", response={**response, "status": "in_progress", "output": []})
+    for k, item in enumerate(response["output"]):
+        yield event("response.output_item.added", output_index=k,
+                    item={**item, "content": []} if item["type"] == "message" else {**item, "arguments": ""})
+        if item["type"] == "message":
+            text = item["content"][0]["text"]
+            yield event("response.content_part.added", output_index=k, item_id=item["id"], content_index=0,
+                        part={"type": "output_text", "text": "", "annotations": []})
+            for w, word in enumerate(text.split(" ")):
+                yield event("response.output_text.delta", output_index=k, item_id=item["id"], content_index=0,
+                            delta=word if w == 0 else " " + word, logprobs=[])
+                await asyncio.sleep(0)
+                if cut and w == 1:
+                    return  # the connection ends: no completed event
+            yield event("response.output_text.done", output_index=k, item_id=item["id"], content_index=0,
+                        text=text, logprobs=[])
+            yield event("response.content_part.done", output_index=k, item_id=item["id"], content_index=0,
+                        part=item["content"][0])
+        else:
+            yield event("response.function_call_arguments.delta", output_index=k, item_id=item["id"],
+                        delta=item["arguments"])
+        yield event("response.output_item.done", output_index=k, item=item)
+    yield event("response.completed", response=response)
 
 
 async def _stream(body: dict[str, Any], model: str, n: int, answer: Any, tokens_of: Any) -> Any:

@@ -1,18 +1,25 @@
-"""Capture for the ``openai`` client: ``chat.completions.create`` and ``.parse`` on
-``OpenAI`` and ``AsyncOpenAI`` (and ``.stream()``, which goes through ``create``).
+"""Capture for the ``openai`` client, on ``OpenAI`` and ``AsyncOpenAI``: chat completions
+(``create``, ``parse``, and ``.stream()``, which goes through ``create``) here; the
+Responses API in ``openai_responses.py``, through the same machinery (``API`` says what
+differs).
 
 The patch sits on the resource classes, not on the HTTP transport, so it sees the same
 arguments and objects agent code sees whatever HTTP library the client uses underneath.
+Every way of reading the answer is recorded: the object, a stream (read to its end, left
+early, closed, or still open when the rollout ends), and the raw-response wrappers
+(``with_raw_response``, ``with_streaming_response``), whose bytes are decoded as they pass.
 """
 
 from __future__ import annotations
 
 import json
 import weakref
+from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Optional
 
-from . import context
+from ..trajectory import LLMCall
+from . import context, http_body
 from .context import (Recorder, Route, current_cassette, current_recorder, hint_misspelt_model, inside_call,
                       route_for, routes)
 from .record import (
@@ -25,19 +32,93 @@ from .record import (
 )
 
 _RAW_HEADER = "X-Stainless-Raw-Response"
-_routed_clients: "weakref.WeakKeyDictionary[Any, dict[Route, Any]]" = weakref.WeakKeyDictionary()
+_routed_clients: "weakref.WeakKeyDictionary[Any, dict[tuple[Route, str], Any]]" = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class API:
+    """What differs between the openai resources artsdk captures."""
+
+    provider: str  # LLMCall.provider
+    path: str  # the resource on a client, e.g. "chat.completions"
+    classes: Callable[[], tuple[type, type]]  # (sync resource class, async one), imported when patching
+    methods: tuple[str, ...]
+    request: Callable[[dict[str, Any]], tuple[str, list[dict[str, Any]], Any, dict[str, Any]]]
+    from_response: Callable[[dict[str, Any], Any, float], LLMCall]
+    accumulator: Callable[[dict[str, Any]], Any]  # .add(chunk), .to_call(latency, left_early, failure)
+    parse_body: Callable[[Any], Any]  # a JSON body -> the response object
+    parse_event: Callable[[Any], Any]  # one server-sent event's JSON -> the chunk / event object
+    replay: Callable[[Any, dict[str, Any], str, LLMCall], Any]  # what the client would have returned
+
+
+def _chat_classes() -> tuple[type, type]:
+    from openai.resources.chat.completions import AsyncCompletions, Completions
+
+    return Completions, AsyncCompletions
+
+
+def _chat_body(data: Any) -> Any:
+    from openai._models import construct_type  # leniently, as the client itself builds responses
+    from openai.types.chat import ChatCompletion
+
+    return construct_type(type_=ChatCompletion, value=data)
+
+
+def _chat_event(data: Any) -> Any:
+    from openai._models import construct_type
+    from openai.types.chat import ChatCompletionChunk
+
+    return construct_type(type_=ChatCompletionChunk, value=data)
+
+
+def _chat_replay(resource: Any, kwargs: dict[str, Any], kind: str, call: LLMCall) -> Any:
+    """Answer from the recording with the same object types the network would give."""
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    if kwargs.get("stream") is True:
+        return replay_stream(resource, ChatCompletionChunk, list(chunks_from_call(call)), "chat/completions")
+    completion = ChatCompletion.model_validate(response_from_call(call))
+    if kind == "parse":
+        from openai import omit
+        from openai.lib._parsing._completions import parse_chat_completion
+
+        return parse_chat_completion(response_format=kwargs.get("response_format", omit),
+                                     input_tools=kwargs.get("tools", omit), chat_completion=completion)
+    return completion
+
+
+CHAT = API(provider="openai", path="chat.completions", classes=_chat_classes, methods=("create", "parse"),
+           request=request_parts, from_response=lambda kw, resp, t: from_response("openai", kw, resp, t),
+           accumulator=lambda kw: StreamAccumulator("openai", kw), parse_body=_chat_body,
+           parse_event=_chat_event, replay=_chat_replay)
 
 
 def patch(module: Any) -> None:
-    """Wrap the chat-completion methods of an imported ``openai`` module (idempotent)."""
-    from openai.resources.chat.completions import AsyncCompletions, Completions
+    """Wrap the chat-completion and Responses methods of an imported ``openai`` module (idempotent)."""
+    from .openai_responses import RESPONSES
 
-    for cls, is_async in ((Completions, False), (AsyncCompletions, True)):
-        for name in ("create", "parse"):
+    for api in (CHAT, RESPONSES):
+        patch_api(api)
+
+
+def unpatch(module: Any) -> None:
+    from .openai_responses import RESPONSES
+
+    for api in (CHAT, RESPONSES):
+        for cls in api.classes():
+            for name in api.methods:
+                fn = cls.__dict__.get(name)
+                if getattr(fn, "__artsdk_wrapped__", False):
+                    setattr(cls, name, fn.__wrapped__)
+
+
+def patch_api(api: API) -> None:
+    for cls, is_async in zip(api.classes(), (False, True)):
+        for name in api.methods:
             orig = cls.__dict__.get(name)
             if orig is None or getattr(orig, "__artsdk_wrapped__", False):
                 continue
-            wrapper = _wrap_async(orig, name) if is_async else _wrap_sync(orig, name)
+            wrapper = _wrap_async(orig, name, api) if is_async else _wrap_sync(orig, name, api)
             wrapper.__artsdk_wrapped__ = True  # type: ignore[attr-defined]
             wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
             wrapper.__name__ = name
@@ -45,17 +126,7 @@ def patch(module: Any) -> None:
             setattr(cls, name, wrapper)
 
 
-def unpatch(module: Any) -> None:
-    from openai.resources.chat.completions import AsyncCompletions, Completions
-
-    for cls in (Completions, AsyncCompletions):
-        for name in ("create", "parse"):
-            fn = cls.__dict__.get(name)
-            if getattr(fn, "__artsdk_wrapped__", False):
-                setattr(cls, name, fn.__wrapped__)
-
-
-def _routed(resource: Any, model: Any) -> tuple[Any, dict[str, Any] | None]:
+def _routed(resource: Any, model: Any, api: API) -> tuple[Any, dict[str, Any] | None]:
     """The resource to send to: for a trainable model during a session, the same client
     pointed at the backend's endpoint."""
     found = route_for(model)
@@ -64,30 +135,32 @@ def _routed(resource: Any, model: Any) -> tuple[Any, dict[str, Any] | None]:
     route, send_as = found
     client = resource._client
     per_client = _routed_clients.setdefault(client, {})
-    target = per_client.get(route)
+    target = per_client.get((route, api.path))
     if target is None:
         # forget copies made for sessions that have ended (their servers are gone)
         live = set(routes.values())
-        for old in [r for r in per_client if r not in live]:
+        for old in [k for k in per_client if k[0] not in live]:
             del per_client[old]
-        target = client.with_options(base_url=route.base_url, api_key=route.api_key).chat.completions
-        per_client[route] = target
+        target = client.with_options(base_url=route.base_url, api_key=route.api_key)
+        for attr in api.path.split("."):
+            target = getattr(target, attr)
+        per_client[(route, api.path)] = target
     return target, ({"model": send_as} if send_as != model else None)
 
 
-def _is_raw(kwargs: dict[str, Any]) -> bool:
+def _raw_mode(kwargs: dict[str, Any]) -> Optional[str]:
     headers = kwargs.get("extra_headers")
-    return bool(headers) and headers.get(_RAW_HEADER) is not None
+    return headers.get(_RAW_HEADER) if headers else None
 
 
-def _wrap_sync(orig: Callable[..., Any], kind: str) -> Callable[..., Any]:
+def _wrap_sync(orig: Callable[..., Any], kind: str, api: API) -> Callable[..., Any]:
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not context.active():
             return orig(self, *args, **kwargs)
         cassette = current_cassette.get()
         if cassette is not None:
-            return _replay(self, kwargs, kind, cassette)
-        target, override = _routed(self, kwargs.get("model"))
+            return _replay(self, kwargs, kind, cassette, api)
+        target, override = _routed(self, kwargs.get("model"), api)
         send = {**kwargs, **override} if override else kwargs
         rec = current_recorder.get()
         token = inside_call.set(True)
@@ -96,26 +169,26 @@ def _wrap_sync(orig: Callable[..., Any], kind: str) -> Callable[..., Any]:
             resp = orig(target, *args, **send)
         except BaseException as exc:
             if rec is not None:
-                rec.add(failed_call("openai", kwargs, exc, perf_counter() - t0))
+                rec.add(failed_call(api.provider, kwargs, exc, perf_counter() - t0, api.request(kwargs)))
             hint_misspelt_model(exc, kwargs.get("model"))
             raise
         finally:
             inside_call.reset(token)
         if rec is not None:
-            _record(rec, kwargs, resp, t0, is_async=False)
+            _record(rec, api, kwargs, resp, t0, is_async=False)
         return resp
 
     return call
 
 
-def _wrap_async(orig: Callable[..., Any], kind: str) -> Callable[..., Any]:
+def _wrap_async(orig: Callable[..., Any], kind: str, api: API) -> Callable[..., Any]:
     async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not context.active():
             return await orig(self, *args, **kwargs)
         cassette = current_cassette.get()
         if cassette is not None:
-            return _replay(self, kwargs, kind, cassette)
-        target, override = _routed(self, kwargs.get("model"))
+            return _replay(self, kwargs, kind, cassette, api)
+        target, override = _routed(self, kwargs.get("model"), api)
         send = {**kwargs, **override} if override else kwargs
         rec = current_recorder.get()
         token = inside_call.set(True)
@@ -124,34 +197,70 @@ def _wrap_async(orig: Callable[..., Any], kind: str) -> Callable[..., Any]:
             resp = await orig(target, *args, **send)
         except BaseException as exc:
             if rec is not None:
-                rec.add(failed_call("openai", kwargs, exc, perf_counter() - t0))
+                rec.add(failed_call(api.provider, kwargs, exc, perf_counter() - t0, api.request(kwargs)))
             hint_misspelt_model(exc, kwargs.get("model"))
             raise
         finally:
             inside_call.reset(token)
         if rec is not None:
-            _record(rec, kwargs, resp, t0, is_async=True)
+            _record(rec, api, kwargs, resp, t0, is_async=True)
         return resp
 
     return call
 
 
-def _record(rec: Recorder, kwargs: dict[str, Any], resp: Any, t0: float, *, is_async: bool) -> None:
-    if kwargs.get("stream") is True:
-        if not _is_raw(kwargs):
-            _watch_stream(rec, kwargs, resp, t0, is_async)
-        return
-    if _is_raw(kwargs):
-        # with_raw_response: the parsed body is cached by the response object
-        resp = resp.parse()
-    rec.add(from_response("openai", kwargs, resp, perf_counter() - t0))
+def _record(rec: Recorder, api: API, kwargs: dict[str, Any], resp: Any, t0: float, *, is_async: bool) -> None:
+    if _raw_mode(kwargs) is not None and hasattr(resp, "http_response"):
+        _watch_raw(rec, api, kwargs, resp.http_response, t0)
+    elif kwargs.get("stream") is True:
+        watch_stream(rec, api.accumulator(kwargs), resp, t0, is_async)
+    else:
+        rec.add(api.from_response(kwargs, resp, perf_counter() - t0))
 
 
-def _watch_stream(rec: Recorder, kwargs: dict[str, Any], stream: Any, t0: float, is_async: bool) -> None:
+def _watch_raw(rec: Recorder, api: API, kwargs: dict[str, Any], http_response: Any, t0: float) -> None:
+    """A raw-response wrapper: the agent reads the body as it likes; the call is recorded
+    from the bytes once they are all in (or from what came, if the rollout ends first)."""
+    state: dict[str, Any] = {"slot": None, "call": None}
+
+    def done(body: bytes, complete: bool) -> None:
+        call = _from_body(api, kwargs, http_response, body, complete, perf_counter() - t0)
+        if state["slot"] is None:
+            state["call"] = call  # the body was in already
+        else:
+            rec.fill(state["slot"], call)
+
+    partial = http_body.watch_body(http_response, done)
+    if state["call"] is not None:
+        rec.add(state["call"])
+    else:
+        state["slot"] = rec.reserve(partial)
+
+
+def _from_body(api: API, kwargs: dict[str, Any], http_response: Any, body: bytes, complete: bool,
+               latency: float) -> LLMCall:
+    if http_body.is_event_stream(http_response):
+        acc = api.accumulator(kwargs)
+        events, _ = http_body.sse_events(body)
+        for data in events:
+            acc.add(api.parse_event(data))
+        return acc.to_call(latency, left_early=not complete)
+    data = http_body.json_body(body)
+    if complete and isinstance(data, dict):
+        try:
+            return api.from_response(kwargs, api.parse_body(data), latency)
+        except ValueError:
+            pass
+    problem = "the response body was not read to its end" if not complete else "the response body is not the API's JSON"
+    call = failed_call(api.provider, kwargs, ValueError(problem), latency, api.request(kwargs))
+    call.incomplete = not complete
+    return call
+
+
+def watch_stream(rec: Recorder, acc: Any, stream: Any, t0: float, is_async: bool) -> None:
     """Record the stream the agent iterates without changing it: the chunks pass through
     untouched, and the assembled call is recorded when the stream ends, is closed, is left
     early, or when the rollout finishes first."""
-    acc = StreamAccumulator("openai", kwargs)
     done = False
 
     def finish(left_early: bool, failure: Optional[str] = None) -> None:
@@ -210,34 +319,23 @@ def _watch_stream(rec: Recorder, kwargs: dict[str, Any], stream: Any, t0: float,
         stream.close = close
 
 
-def _replay(resource: Any, kwargs: dict[str, Any], kind: str, cassette: context.Cassette) -> Any:
-    """Answer from the recording with the same object types the network would give."""
-    import httpx2
-    from openai import AsyncStream, Stream
-    from openai.types.chat import ChatCompletion, ChatCompletionChunk
-
-    model, messages, tools, _ = request_parts(kwargs)
+def _replay(resource: Any, kwargs: dict[str, Any], kind: str, cassette: context.Cassette, api: API) -> Any:
+    model, messages, tools, _ = api.request(kwargs)
     call = cassette.next_call(model, messages, tools)
     rec = current_recorder.get()
     if rec is not None:
         rec.add(call.model_copy(deep=True))
-    if kwargs.get("stream") is True:
-        body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks_from_call(call)) + "data: [DONE]\n\n"
-        response = httpx2.Response(
-            200, content=body.encode(), headers={"content-type": "text/event-stream"},
-            request=httpx2.Request("POST", "http://replay.invalid/chat/completions"),
-        )
-        client = resource._client
-        cls = AsyncStream if type(resource).__name__.startswith("Async") else Stream
-        return cls(cast_to=ChatCompletionChunk, response=response, client=client)
-    completion = ChatCompletion.model_validate(response_from_call(call))
-    if kind == "parse":
-        from openai import omit
-        from openai.lib._parsing._completions import parse_chat_completion
+    return api.replay(resource, kwargs, kind, call)
 
-        return parse_chat_completion(
-            response_format=kwargs.get("response_format", omit),
-            input_tools=kwargs.get("tools", omit),
-            chat_completion=completion,
-        )
-    return completion
+
+def replay_stream(resource: Any, item_type: type, events: list[dict[str, Any]], path: str) -> Any:
+    """A Stream (or AsyncStream) of ``item_type`` that yields ``events``, as the client
+    would build one from the network."""
+    import httpx2
+    from openai import AsyncStream, Stream
+
+    body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+    response = httpx2.Response(200, content=body.encode(), headers={"content-type": "text/event-stream"},
+                               request=httpx2.Request("POST", f"http://replay.invalid/{path}"))
+    cls = AsyncStream if type(resource).__name__.startswith("Async") else Stream
+    return cls(cast_to=item_type, response=response, client=resource._client)

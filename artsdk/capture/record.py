@@ -239,9 +239,10 @@ class StreamAccumulator:
         )
 
 
-def failed_call(provider: str, kwargs: dict[str, Any], exc: BaseException, latency: float) -> LLMCall:
+def failed_call(provider: str, kwargs: dict[str, Any], exc: BaseException, latency: float,
+                request: Optional[tuple[str, list[dict[str, Any]], Any, dict[str, Any]]] = None) -> LLMCall:
     """A call that raised (HTTP error, timeout): recorded so the trajectory shows it."""
-    model, messages, tools, params = request_parts(kwargs)
+    model, messages, tools, params = request or request_parts(kwargs)
     return LLMCall(provider=provider, model=model, messages=messages, tools=tools, params=params,
                    latency=latency, error=f"{type(exc).__name__}: {exc}")
 

@@ -32,15 +32,21 @@ def verdict(answer: str) -> tuple[list[str], list[str]]:
     return words, [w for w in words if w in ("positive", "negative")]
 
 
-@art.reward
-def correct(traj: art.Trajectory) -> float:
-    """1 for the right label alone; 0.5 when the first label in a longer answer is right; else 0."""
-    words, labels = verdict(traj.outcome or "")
-    review = traj.scenario["review"]  # a Review, or its fields when read back from the store
-    truth = review["label"] if isinstance(review, dict) else review.label
+def shaped(words: list[str], candidates: list[str], truth: str) -> float:
+    """1 for the right answer alone; when it is the first candidate in a longer answer,
+    0.5 + 0.5 / (number of words) -- the shorter, the closer to 1, so every group has a
+    direction to go; else 0."""
     if words == [truth]:
         return 1.0
-    return 0.5 if labels and labels[0] == truth else 0.0
+    return 0.5 + 0.5 / len(words) if candidates and candidates[0] == truth else 0.0
+
+
+@art.reward
+def correct(traj: art.Trajectory) -> float:
+    """The right label, in as few words as possible (see ``shaped``)."""
+    words, labels = verdict(traj.outcome or "")
+    review = traj.scenario["review"]  # a Review, or its fields when read back from the store
+    return shaped(words, labels, review["label"] if isinstance(review, dict) else review.label)
 
 
 def exact(traj: art.Trajectory) -> bool:

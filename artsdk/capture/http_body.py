@@ -1,0 +1,110 @@
+"""Recording a call from the bytes of its HTTP response, for the client wrappers that hand
+agent code the raw response (``with_raw_response``, ``with_streaming_response``): the body
+is read by the agent however it likes (``.parse()``, ``iter_lines()``, ``iter_bytes()``,
+``read()``...), and every one of those reads the response's byte stream -- which is where
+the bytes are kept, untouched, on their way through. When the body ends (or is closed, or
+the rollout ends first) the bytes are decoded: a JSON body, or server-sent events.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, AsyncIterator, Callable, Iterator, Optional
+
+import httpx2  # the openai client's HTTP library: this module is loaded only once openai is
+
+Done = Callable[[bytes, bool], None]  # (the body so far, whether it arrived whole)
+
+
+def watch_body(http_response: Any, done: Done) -> Callable[[], None]:
+    """Call ``done`` once with the body of ``http_response`` (an httpx2 / httpx response),
+    now if it was read already, else when the reader finishes it. Returns a function that
+    reports what arrived so far (for a rollout that ends before the body does)."""
+    state = {"called": False, "parts": []}
+
+    def finish(complete: bool) -> None:
+        if not state["called"]:
+            state["called"] = True
+            done(b"".join(state["parts"]), complete)
+
+    if getattr(http_response, "_content", None) is not None:  # already read
+        state["parts"].append(http_response._content)
+        finish(True)
+        return lambda: None
+    inner = http_response.stream
+    if isinstance(inner, httpx2.AsyncByteStream) or hasattr(inner, "__aiter__"):
+        http_response.stream = _AsyncTee(inner, state["parts"], finish)
+    else:
+        http_response.stream = _SyncTee(inner, state["parts"], finish)
+    return lambda: finish(False)
+
+
+class _SyncTee(httpx2.SyncByteStream):
+    def __init__(self, inner: Any, parts: list[bytes], finish: Callable[[bool], None]) -> None:
+        self.inner, self.parts, self.finish = inner, parts, finish
+
+    def __iter__(self) -> Iterator[bytes]:
+        complete = False
+        try:
+            for chunk in self.inner:
+                self.parts.append(chunk)
+                yield chunk
+            complete = True
+        finally:
+            self.finish(complete)
+
+    def close(self) -> None:
+        try:
+            self.inner.close()
+        finally:
+            self.finish(False)
+
+
+class _AsyncTee(httpx2.AsyncByteStream):
+    def __init__(self, inner: Any, parts: list[bytes], finish: Callable[[bool], None]) -> None:
+        self.inner, self.parts, self.finish = inner, parts, finish
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        complete = False
+        try:
+            async for chunk in self.inner:
+                self.parts.append(chunk)
+                yield chunk
+            complete = True
+        finally:
+            self.finish(complete)
+
+    async def aclose(self) -> None:
+        try:
+            await self.inner.aclose()
+        finally:
+            self.finish(False)
+
+
+def sse_events(body: bytes) -> tuple[list[Any], bool]:
+    """The JSON ``data:`` payloads of a server-sent-events body, and whether it ended with
+    ``[DONE]``. Incomplete trailing events are dropped."""
+    events, ended = [], False
+    for block in body.decode("utf-8", "replace").split("\n\n"):
+        data = "\n".join(line[5:].lstrip() for line in block.splitlines() if line.startswith("data:"))
+        if not data:
+            continue
+        if data.strip() == "[DONE]":
+            ended = True
+            continue
+        try:
+            events.append(json.loads(data))
+        except ValueError:
+            break  # cut in the middle of an event
+    return events, ended
+
+
+def is_event_stream(http_response: Any) -> bool:
+    return "text/event-stream" in (http_response.headers.get("content-type") or "")
+
+
+def json_body(body: bytes) -> Optional[Any]:
+    try:
+        return json.loads(body) if body else None
+    except ValueError:
+        return None

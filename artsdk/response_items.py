@@ -1,0 +1,119 @@
+"""Between the OpenAI Responses API's items and chat messages.
+
+The Responses API speaks in items: an ``input`` of messages, ``function_call`` and
+``function_call_output`` items (and reasoning items), ``instructions`` beside it, and an
+``output`` of items. Trajectories keep the items as they were sent and received, and a chat
+view of them -- the shape the rest of artsdk (rewards, replay, training, the local backend's
+chat template) reads:
+
+    instructions                      -> {"role": "system", ...} first
+    {"role": ..., "content": ...}     -> that message, its text parts joined
+    function_call (one or several)    -> an assistant message with tool_calls
+    function_call_output              -> {"role": "tool", "tool_call_id": ..., "content": ...}
+    reasoning, other items            -> kept in the items, left out of the chat view
+
+    >>> chat_messages([{"role": "user", "content": "hi"}], instructions="Be brief.")
+    [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'hi'}]
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Optional
+
+Item = dict[str, Any]
+
+_TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
+
+
+def as_item(x: Any) -> Item:
+    """A request or response item (dict or openai object) as a plain dict."""
+    if isinstance(x, dict):
+        return dict(x)
+    dump = getattr(x, "model_dump", None)
+    if dump is not None:
+        return {k: v for k, v in dump(exclude_none=True, mode="json").items()}
+    return {"type": type(x).__name__, "value": str(x)}
+
+
+def items_of(input: Any) -> list[Item]:
+    """The request's ``input`` as a list of items (a bare string is one user message)."""
+    if input is None or type(input).__name__ in ("Omit", "NotGiven"):
+        return []
+    if isinstance(input, str):
+        return [{"role": "user", "content": input}]
+    return [as_item(x) for x in input]
+
+
+def _text(content: Any) -> Any:
+    """Message content as chat content: a string when it is all text, else the parts."""
+    if content is None or isinstance(content, str):
+        return content
+    parts = [as_item(p) for p in content]
+    if all(p.get("type") in _TEXT_PARTS for p in parts):
+        return "".join(str(p.get("text", "")) for p in parts)
+    return [{"type": "text", "text": p.get("text", "")} if p.get("type") in _TEXT_PARTS else p for p in parts]
+
+
+def chat_messages(items: Iterable[Item], instructions: Optional[str] = None) -> list[Item]:
+    """The chat view of Responses input (or output) items."""
+    out: list[Item] = [{"role": "system", "content": instructions}] if instructions else []
+    for item in items:
+        kind = item.get("type")
+        if kind == "function_call":
+            call = {"id": item.get("call_id") or item.get("id"), "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}}
+            last = out[-1] if out else None
+            if last is not None and last.get("role") == "assistant":
+                last.setdefault("tool_calls", []).append(call)  # one turn: its text and its calls
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            out.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                        "content": output if isinstance(output, str) else _text(output)})
+        elif kind in (None, "message") and "role" in item:
+            out.append({"role": item["role"], "content": _text(item.get("content"))})
+    return out
+
+
+def chat_tools(tools: Any) -> Optional[list[Item]]:
+    """Responses function tools (``{"type": "function", "name": ...}``) in chat form
+    (``{"type": "function", "function": {"name": ...}}``); other tools as they are."""
+    if tools is None or type(tools).__name__ in ("Omit", "NotGiven"):
+        return None
+    out = []
+    for t in (as_item(x) for x in tools):
+        if t.get("type") == "function" and "function" not in t:
+            fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if k in t}
+            out.append({"type": "function", "function": fn})
+        else:
+            out.append(t)
+    return out
+
+
+def assistant_message(output: Iterable[Item]) -> Item:
+    """One assistant chat message from a response's output items: its text, and its
+    function calls as tool_calls."""
+    msgs = chat_messages([{**i, "role": "assistant"} if i.get("type") == "message" else i for i in output])
+    text = "".join(m["content"] for m in msgs if m.get("role") == "assistant" and isinstance(m.get("content"), str))
+    calls = [c for m in msgs for c in m.get("tool_calls") or ()]
+    message: Item = {"role": "assistant", "content": text or None}
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def output_items(content: Optional[str], tool_calls: Optional[list[Item]], id_prefix: str) -> list[Item]:
+    """A response's output items for an assistant turn of text and tool calls (what a
+    server answering the Responses API from a chat model sends)."""
+    items: list[Item] = []
+    if content:
+        items.append({"type": "message", "id": f"msg_{id_prefix}", "role": "assistant", "status": "completed",
+                      "content": [{"type": "output_text", "text": content, "annotations": []}]})
+    for k, tc in enumerate(tool_calls or ()):
+        fn = tc["function"]
+        args = fn["arguments"] if isinstance(fn["arguments"], str) else json.dumps(fn["arguments"])
+        items.append({"type": "function_call", "id": f"fc_{id_prefix}_{k}", "call_id": tc["id"],
+                      "name": fn["name"], "arguments": args, "status": "completed"})
+    return items
