@@ -82,6 +82,31 @@ async def test_full_loop_through_the_server_with_config_only(serve, art_store, m
     await client.close()
 
 
+async def test_a_responses_agent_trains_through_the_server(serve, art_store):
+    be = RemoteBackend(serve.url, api_key=KEY)
+    client = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused", max_retries=0)
+
+    @art.rollout
+    async def say(i: int) -> str:
+        r = await client.responses.create(model="rr", input="hi", max_output_tokens=6, temperature=0.8)
+        return r.output_text
+
+    @art.reward
+    def word_300(t):
+        ids = t.calls[0].choices[0].token_ids
+        return sum(x == 300 for x in ids) / len(ids)
+
+    async with art.session(art.TrainableModel("rr", base_model="tiny"), backend=be) as run:
+        for step in range(2):
+            groups = await art.gather(say, range(4), group_size=4, rewards=[word_300])
+            calls = [t.calls[0] for g in groups for t in g]
+            assert {c.served_by for c in calls} == {f"rr@{step}"} and all(c.choices[0].trainable for c in calls)
+            result = await run.train(groups + groups_for("rr"))  # hand-made groups: a signal every step
+            assert result.trained and result.step == step + 1
+    await client.close()
+    await be.close()
+
+
 async def test_auth_validation_and_openapi(serve):
     r = httpx.get(serve.url + "/health")
     assert r.status_code == 200 and r.json()["api"] == "1"

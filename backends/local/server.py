@@ -121,27 +121,20 @@ def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[st
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest) -> Any:
-        served, step = _resolve(models(), body.model)
-        try:
-            prompt = served.chat.prompt_ids([m.model_dump(exclude_unset=True) for m in body.messages], body.tools)
-        except TrajectoryError as e:
-            raise BadRequest(str(e), "messages") from None
-        room = served.context_length - len(prompt)
-        if room <= 0:
-            raise BadRequest(f"the prompt is {len(prompt)} tokens, longer than the model's context of "
-                             f"{served.context_length}; shorten the conversation", "messages")
+        served, step = resolve(models(), body.model)
         asked = next((x for x in (body.max_completion_tokens, body.max_tokens) if x is not None), DEFAULT_MAX_TOKENS)
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        req = GenRequest(prompt=prompt, max_tokens=min(asked, room), n=body.n, temperature=body.temperature,
-                         top_p=body.top_p, stop=stops, seed=body.seed, min_tokens=max(0, body.min_tokens))
+        req = prepare(served, [m.model_dump(exclude_unset=True) for m in body.messages], body.tools, "messages",
+                      max_tokens=asked, n=body.n, temperature=body.temperature, top_p=body.top_p, stop=stops,
+                      seed=body.seed, min_tokens=max(0, body.min_tokens))
         if body.stream:
             loop = asyncio.get_running_loop()
             events: asyncio.Queue[Any] = asyncio.Queue()
             req.on_token = lambda *ev: loop.call_soon_threadsafe(events.put_nowait, ev)
-            future = _submit(served, req, step)
+            future = submit(served, req, step)
             future.add_done_callback(lambda f: loop.call_soon_threadsafe(events.put_nowait, None))
             return StreamingResponse(_stream(served, req, body, future, events), media_type="text/event-stream")
-        outs = await asyncio.wrap_future(_submit(served, req, step))
+        outs = await asyncio.wrap_future(submit(served, req, step))
         name = f"{served.spec.name}@{req.step}"
         choices = [_choice(served, i, c, body.tools) for i, c in enumerate(outs)]
         completion_tokens = sum(len(c.token_ids) for c in outs)
@@ -152,10 +145,29 @@ def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[st
                       "total_tokens": len(prompt) + completion_tokens},
         }
 
+    from .server_responses import add_responses_routes
+
+    add_responses_routes(app, models)
     return app
 
 
-def _resolve(models: dict[str, ServedModel], requested: str) -> tuple[ServedModel, Optional[int]]:
+def prepare(served: ServedModel, messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]], where: str,
+            *, max_tokens: int, **sampling: Any) -> GenRequest:
+    """A generation request for a conversation: its prompt through the chat template, the
+    answer's budget cut to what the context leaves. BadRequest (naming ``where``) when the
+    messages do not render or do not fit."""
+    try:
+        prompt = served.chat.prompt_ids(messages, tools)
+    except TrajectoryError as e:
+        raise BadRequest(str(e), where) from None
+    room = served.context_length - len(prompt)
+    if room <= 0:
+        raise BadRequest(f"the prompt is {len(prompt)} tokens, longer than the model's context of "
+                         f"{served.context_length}; shorten the conversation", where)
+    return GenRequest(prompt=prompt, max_tokens=min(max_tokens, room), **sampling)
+
+
+def resolve(models: dict[str, ServedModel], requested: str) -> tuple[ServedModel, Optional[int]]:
     """The model a request names and the step it asks for (None: the newest when submitted)."""
     name, at, step_text = requested.partition("@")
     served = models.get(name)
@@ -170,7 +182,7 @@ def _resolve(models: dict[str, ServedModel], requested: str) -> tuple[ServedMode
     return served, int(step_text)
 
 
-def _submit(served: ServedModel, req: GenRequest, step: Optional[int]) -> Any:
+def submit(served: ServedModel, req: GenRequest, step: Optional[int]) -> Any:
     """Hand the request to the engine, pinned to its step until it is answered."""
     try:
         return served.submit(req, step)
