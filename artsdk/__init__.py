@@ -33,6 +33,7 @@ from .config import Settings, configure, settings
 from .errors import (
     ArtError,
     BackendError,
+    CaptureError,
     ConfigError,
     ModelLoadError,
     ReplayError,
@@ -52,7 +53,7 @@ from . import replay, testing  # noqa: E402  (submodules as art.replay / art.tes
 _capture.install()
 
 __all__ = [
-    "__version__", "Args", "ArtError", "Backend", "BackendError", "Choice", "ConfigError",
+    "__version__", "Args", "ArtError", "Backend", "BackendError", "CaptureError", "Choice", "ConfigError",
     "Endpoint", "ErrorInfo", "Group", "LLMCall", "Message", "ModelLoadError", "ReplayError", "Reward",
     "RewardError", "Rollout", "RolloutError", "Session", "Settings", "Store", "StoreError",
     "TrainResult", "TrainableModel", "TrainingError", "Trajectory", "TrajectoryError", "available_backends",

@@ -46,6 +46,7 @@ class Settings(BaseModel):
     concurrency: int = Field(32, ge=1, description="Default number of rollouts run at once.")
     progress: Optional[bool] = Field(None, description="Progress bar; default: when stderr is a tty.")
     record_calls: bool = Field(False, description="Store trajectories of plain (not .collect) calls.")
+    strict_capture: bool = Field(False, description="Refuse an LLM call that would escape capture (CaptureError).")
     config_file: Optional[str] = Field(None, description="The file these settings were read from.")
 
     @property

@@ -24,6 +24,10 @@ class RolloutError(ArtError):
     that failure is recorded on the trajectory as ``trajectory.error``)."""
 
 
+class CaptureError(ArtError):
+    """An LLM call inside a rollout would escape capture, and ``strict_capture`` is on."""
+
+
 class StoreError(ArtError):
     """The trajectory store cannot be opened, read or written."""
 

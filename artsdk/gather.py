@@ -9,6 +9,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import anyio
 
+from .capture.sentinel import ESCAPED
 from .errors import RewardError, RolloutError, first_error
 from .rewards import RewardLike, score
 from .rollout import Args, Rollout
@@ -184,6 +185,11 @@ def _report(name: str, groups: list[Group]) -> None:
         log.warning("%s: %d of %d rollouts made no LLM call that could be captured; they "
                     "cannot be trained on. Call the model with the openai or litellm client "
                     "inside the decorated function.", name, silent, len(trajs))
+    escaped = sum(1 for t in trajs if any(w.startswith(ESCAPED) for w in t.warnings))
+    if escaped:
+        log.warning("%s: %d of %d rollouts made LLM calls that escaped capture (see their warnings): their "
+                    "trajectories are partial. Set strict_capture = true to make that an error.",
+                    name, escaped, len(trajs))
     no_signal = sum(1 for g in groups if g.no_signal)
     errors = sum(g.errors for g in groups)
     if no_signal or errors:

@@ -32,7 +32,7 @@ def as_item(x: Any) -> Item:
         return dict(x)
     dump = getattr(x, "model_dump", None)
     if dump is not None:
-        return {k: v for k, v in dump(exclude_none=True, mode="json").items()}
+        return dump(exclude_none=True)
     return {"type": type(x).__name__, "value": str(x)}
 
 
@@ -94,11 +94,18 @@ def chat_tools(tools: Any) -> Optional[list[Item]]:
 
 def assistant_message(output: Iterable[Item]) -> Item:
     """One assistant chat message from a response's output items: its text, and its
-    function calls as tool_calls."""
-    msgs = chat_messages([{**i, "role": "assistant"} if i.get("type") == "message" else i for i in output])
-    text = "".join(m["content"] for m in msgs if m.get("role") == "assistant" and isinstance(m.get("content"), str))
-    calls = [c for m in msgs for c in m.get("tool_calls") or ()]
-    message: Item = {"role": "assistant", "content": text or None}
+    function calls as tool_calls (reasoning and other items are left out)."""
+    text, calls = [], []
+    for item in output:
+        kind = item.get("type")
+        if kind == "message":
+            content = _text(item.get("content"))
+            if isinstance(content, str):
+                text.append(content)
+        elif kind == "function_call":
+            calls.append({"id": item.get("call_id") or item.get("id"), "type": "function",
+                          "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}})
+    message: Item = {"role": "assistant", "content": "".join(text) or None}
     if calls:
         message["tool_calls"] = calls
     return message

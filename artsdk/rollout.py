@@ -32,9 +32,10 @@ log = logging.getLogger("artsdk")
 R = TypeVar("R")
 
 NO_CALLS = (
-    "no LLM call was captured in this rollout: make the calls inside the decorated function "
-    "with the openai or litellm client (chat.completions.create / completion), so there is "
-    "something to train on"
+    "no LLM call was captured in this rollout, so there is nothing in it to train on. Captured: the openai "
+    "client (chat.completions, responses; sync, async, streamed, raw), litellm (completion, acompletion, "
+    "responses, aresponses) and the frameworks built on them (openai-agents, pydantic-ai, LangChain, "
+    "smolagents, DSPy). Make the model calls inside the decorated function, with one of these"
 )
 
 
@@ -143,6 +144,7 @@ class Rollout(Generic[R]):
 
     def _finish(self, traj: Trajectory, rec: Recorder, duration: float) -> None:
         traj.calls = rec.close()
+        traj.warnings.extend(rec.notes)
         traj.duration = duration
         traj.ended_at = utcnow()
         if traj.step is None:

@@ -64,13 +64,18 @@ def check_messages(messages: Any, *, where: str = "messages") -> list[Message]:
 def as_message(m: Any) -> Any:
     """An OpenAI/LiteLLM message object (pydantic) as a plain dict; dicts are copied shallowly."""
     if isinstance(m, dict):
-        return dict(m)
-    dump = getattr(m, "model_dump", None)
-    if dump is not None:
+        d = dict(m)
+    else:
+        dump = getattr(m, "model_dump", None)
+        if dump is None:
+            return m
         d = dump(exclude_none=True)
         # openai objects carry empty optional lists/None fields that requests never had
-        return {k: v for k, v in d.items() if v not in (None, [], {}) or k == "content"}
-    return m
+        d = {k: v for k, v in d.items() if v not in (None, [], {}) or k == "content"}
+    role = d.get("role")
+    if isinstance(role, str) and type(role) is not str:  # a str enum (smolagents' MessageRole): its value
+        d["role"] = str(getattr(role, "value", role))
+    return d
 
 
 class Choice(BaseModel):

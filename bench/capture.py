@@ -1,4 +1,5 @@
-"""Capture overhead: the same chat calls to a loopback server with and without capture.
+"""Capture overhead: the same chat-completion and Responses API calls to a loopback server
+with and without capture.
 
     python -m bench.capture [--calls 2000]
 
@@ -54,24 +55,26 @@ def start_server() -> tuple[subprocess.Popen, str]:
             time.sleep(0.2)
 
 
-def sync_block(client: OpenAI, n: int, stream: bool) -> float:
+def sync_block(client: OpenAI, n: int, stream: bool, api: str = "chat") -> float:
     t0 = time.perf_counter()
     for _ in range(n):
-        if stream:
-            for _ in client.chat.completions.create(model="m", messages=MSGS, stream=True):
-                pass
+        if api == "responses":
+            out = client.responses.create(model="m", input=MSGS[1:], instructions=MSGS[0]["content"], stream=stream)
         else:
-            client.chat.completions.create(model="m", messages=MSGS)
+            out = client.chat.completions.create(model="m", messages=MSGS, stream=stream)
+        if stream:
+            for _ in out:
+                pass
     return (time.perf_counter() - t0) / n
 
 
-def measure(label: str, url: str, calls: int, block: int, stream: bool) -> dict:
+def measure(label: str, url: str, calls: int, block: int, stream: bool, api: str = "chat") -> dict:
     client = OpenAI(base_url=url, api_key="k", max_retries=0)
-    rec_block = art.rollout(lambda n: sync_block(client, n, stream))
+    rec_block = art.rollout(lambda n: sync_block(client, n, stream, api))
     plain, captured = [], []
     for _ in range(max(1, calls // (2 * block))):
         capture.uninstall()
-        plain.append(sync_block(client, block, stream))
+        plain.append(sync_block(client, block, stream, api))
         capture.install()
         captured.append(rec_block(block))  # a plain call of the rollout: records, does not store
     p, c = statistics.median(plain), statistics.median(captured)
@@ -123,6 +126,26 @@ def direct_cost(n: int = 3000) -> dict:
     return {"case": "record only (no I/O)", "overhead_us": (time.perf_counter() - t0) / n * 1e6}
 
 
+def direct_cost_responses(n: int = 3000) -> dict:
+    """The same for a Responses API answer (items to the chat view, and the items kept)."""
+    from openai._models import construct_type
+    from openai.types.responses import Response
+
+    from artsdk.capture.responses_record import from_response as from_responses_response
+
+    resp = construct_type(type_=Response, value={
+        "id": "resp_x", "object": "response", "created_at": 0, "model": "m@1", "status": "completed",
+        "output": [{"type": "message", "id": "msg_x", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": "Paris is the capital.", "annotations": []}]}],
+        "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+        "token_ids": list(range(24)), "logprobs": [-0.5] * 24})
+    kwargs = {"model": "m", "input": MSGS[1:], "instructions": MSGS[0]["content"]}
+    t0 = time.perf_counter()
+    for _ in range(n):
+        from_responses_response("openai-responses", kwargs, resp, 0.0)
+    return {"case": "responses record only (no I/O)", "overhead_us": (time.perf_counter() - t0) / n * 1e6}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=2000)
@@ -133,7 +156,9 @@ def main() -> None:
         rows = [measure("sync", url, a.calls, a.block, stream=False),
                 asyncio.run(async_measure(url, a.calls, a.block)),
                 measure("sync stream", url, a.calls // 2, a.block, stream=True),
-                direct_cost()]
+                measure("responses", url, a.calls, a.block, stream=False, api="responses"),
+                measure("responses stream", url, a.calls // 2, a.block, stream=True, api="responses"),
+                direct_cost(), direct_cost_responses()]
     finally:
         proc.terminate()
         proc.wait(10)

@@ -4,7 +4,9 @@ It answers like an artsdk backend does: every choice carries ``token_ids`` and p
 logprobs, the response names the model as ``name@step``, and it streams (SSE) and makes
 tool calls. What it answers is decided by the last user message:
 
-- ``"tool please"`` with tools given: a call to the first tool with ``{"q": "<content>"}``
+- ``"tool please"`` (anywhere in the text) with tools given: a call to the first tool with
+  ``{"q": "<content>"}``;
+  once the last message is the tool's result: ``"done: <result>"``
 - ``"bad json"``: an HTTP 400 error
 - ``"sleep 0.05 ..."``: waits that many seconds first
 - ``"json {...}"``: answers with the JSON after the word, as is
@@ -33,6 +35,8 @@ def _last_user(messages: list[dict[str, Any]]) -> str:
     for m in reversed(messages):
         if m.get("role") == "user":
             c = m.get("content")
+            if isinstance(c, list) and all(isinstance(p, dict) and "text" in p for p in c):
+                return "".join(p["text"] for p in c)  # content parts: their text
             return c if isinstance(c, str) else json.dumps(c)
     return ""
 
@@ -43,8 +47,12 @@ def make_app(step: int = 0) -> FastAPI:
     app.state.requests = []
 
     def answer(body: dict[str, Any], i: int) -> tuple[Optional[str], Optional[list[dict]]]:
-        text = _last_user(body.get("messages", []))
-        if text.startswith("tool please") and body.get("tools"):
+        messages = body.get("messages") or []
+        if messages and messages[-1].get("role") == "tool":  # an agent loop goes on after its tool ran
+            result = messages[-1].get("content")
+            return f"done: {result if isinstance(result, str) else json.dumps(result)}", None
+        text = _last_user(messages)
+        if "tool please" in text and body.get("tools"):
             name = body["tools"][0]["function"]["name"]
             return None, [{"id": f"call_{i}", "type": "function",
                            "function": {"name": name, "arguments": json.dumps({"q": text})}}]

@@ -112,3 +112,43 @@ def test_import_artsdk_does_not_import_litellm_or_torch():
             "'hypothesis', 'openai') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+async def test_responses_and_aresponses_plain_and_streamed(kw):
+    @art.rollout
+    async def agent():
+        plain = await litellm.aresponses(input="one", **kw)
+        stream = await litellm.aresponses(input="two words", stream=True, **kw)
+        text = "".join([e.delta async for e in stream if e.type == "response.output_text.delta"])
+        tool = await litellm.aresponses(input="tool please", tools=[{"type": "function", "name": "lookup",
+                                                                      "parameters": {"type": "object"}}], **kw)
+        return plain.output[0].content[0].text, text, tool.output[0].name
+
+    t = await agent.collect()
+    assert t.outcome == ("echo: one", "echo: two words", "lookup")
+    assert [c.provider for c in t.calls] == ["litellm-responses"] * 3  # once each, not again by openai's patch
+    assert [c.stream for c in t.calls] == [False, True, False] and not any(c.incomplete for c in t.calls)
+    assert [c.choices[0].message["content"] for c in t.calls[:2]] == ["echo: one", "echo: two words"]
+    assert t.calls[2].choices[0].message["tool_calls"][0]["function"]["name"] == "lookup"
+    assert all(c.choices[0].trainable and c.served_by == "m@0" for c in t.calls)
+
+
+def test_sync_responses_in_a_session_is_routed(server, art_store):
+    from tests.scripted_server import ScriptedServer
+    from tests.test_session_config import ScriptedBackend
+
+    @art.rollout
+    def agent():
+        return litellm.responses(model="ttt", input="hi", api_key="user-key").output[0].content[0].text
+
+    import anyio
+
+    async def run():
+        with ScriptedServer() as backend_server:
+            async with art.session(art.TrainableModel("ttt", base_model="tiny"), backend=ScriptedBackend(backend_server)):
+                t = await anyio.to_thread.run_sync(agent.collect_sync)
+            assert backend_server.requests[-1]["api"] == "responses"
+        return t
+
+    t = anyio.run(run)
+    assert t.outcome == "echo: hi" and t.calls[0].served_by == "ttt@0" and t.calls[0].choices[0].trainable

@@ -20,7 +20,8 @@ from .context import Recorder, Route, current_recorder, routes
 __all__ = ["install", "uninstall", "Recorder", "Route", "current_recorder", "routes"]
 
 # library module -> artsdk module holding its patch()
-PATCHERS = {"openai": "artsdk.capture.openai", "litellm": "artsdk.capture.litellm"}
+PATCHERS = {"openai": "artsdk.capture.openai", "litellm": "artsdk.capture.litellm", "dspy": "artsdk.capture.dspy",
+            "httpx": "artsdk.capture.sentinel", "httpx2": "artsdk.capture.sentinel"}
 _lock = threading.RLock()
 _patched: set[str] = set()
 

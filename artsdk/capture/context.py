@@ -20,12 +20,18 @@ class Recorder:
     """Collects the calls of one running rollout. Calls keep the order they were *made*
     in, also when a stream finishes after a later call."""
 
-    __slots__ = ("calls", "_pending", "_lock")
+    __slots__ = ("calls", "notes", "_pending", "_lock")
 
     def __init__(self) -> None:
         self.calls: list[Optional[LLMCall]] = []
+        self.notes: list[str] = []  # what capture could not record (see sentinel.py)
         self._pending: dict[int, Callable[[], None]] = {}
         self._lock = threading.Lock()
+
+    def note(self, text: str) -> None:
+        with self._lock:
+            if text not in self.notes:
+                self.notes.append(text)
 
     def reserve(self, finish: Callable[[], None]) -> int:
         """Hold a slot for a call whose answer is still streaming; ``finish`` records what

@@ -1,4 +1,6 @@
-"""Capture for ``litellm``: ``completion`` and ``acompletion``, plain and streamed.
+"""Capture for ``litellm``: ``completion`` and ``acompletion`` here, ``responses`` and
+``aresponses`` in ``litellm_responses.py`` (same machinery, ``Kind`` says what differs),
+plain and streamed.
 
 litellm is patched only when the user's code imports it (see ``capture.install``); artsdk
 itself never imports it. A litellm call that goes through the openai client underneath is
@@ -8,9 +10,11 @@ recorded once, here.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Optional
 
+from ..trajectory import LLMCall
 from . import context
 from .context import Recorder, current_cassette, current_recorder, hint_misspelt_model, inside_call, route_for
 from .record import (
@@ -25,29 +29,66 @@ from .record import (
 _STREAM_ATTR = "_artsdk_watch"
 
 
+@dataclass(frozen=True)
+class Kind:
+    """What differs between the litellm functions artsdk captures."""
+
+    provider: str
+    functions: tuple[str, str]  # (sync name, async name) in the litellm module
+    positional: tuple[str, ...]  # names of the positional arguments
+    request: Callable[[dict[str, Any]], tuple[str, list[dict[str, Any]], Any, dict[str, Any]]]
+    from_response: Callable[[dict[str, Any], Any, float], LLMCall]
+    accumulator: Callable[[dict[str, Any]], Any]
+    replay: Callable[[dict[str, Any], LLMCall], Any]  # what litellm would have returned
+    patch_streams: Callable[[], None]  # teach the stream class(es) to report what they yield
+
+
+def _completion_replay(kwargs: dict[str, Any], call: LLMCall) -> Any:
+    import litellm
+
+    if kwargs.get("stream") is True:
+        return ReplayStream([litellm.ModelResponseStream(**c) for c in chunks_from_call(call)])
+    return litellm.ModelResponse(**response_from_call(call))
+
+
+def _patch_completion_streams() -> None:
+    from litellm.litellm_core_utils.streaming_handler import CustomStreamWrapper
+
+    watch_stream_class(CustomStreamWrapper, CustomStreamWrapper)
+
+
+COMPLETION = Kind(provider="litellm", functions=("completion", "acompletion"), positional=("model", "messages"),
+                  request=request_parts, from_response=lambda kw, resp, t: from_response("litellm", kw, resp, t),
+                  accumulator=lambda kw: StreamAccumulator("litellm", kw), replay=_completion_replay,
+                  patch_streams=_patch_completion_streams)
+
+
+def kinds() -> tuple[Kind, ...]:
+    from .litellm_responses import RESPONSES
+
+    return COMPLETION, RESPONSES
+
+
 def patch(module: Any) -> None:
-    """Wrap ``litellm.completion`` / ``litellm.acompletion`` and teach litellm's stream
-    wrapper to report what it yields (idempotent)."""
-    for name, is_async in (("completion", False), ("acompletion", True)):
-        orig = getattr(module, name, None)
-        if orig is None or getattr(orig, "__artsdk_wrapped__", False):
-            continue
-        wrapper = _wrap_async(orig) if is_async else _wrap_sync(orig)
-        wrapper.__artsdk_wrapped__ = True  # type: ignore[attr-defined]
-        setattr(module, name, wrapper)
-    _patch_stream_class()
+    """Wrap litellm's completion and responses functions and teach its stream classes to
+    report what they yield (idempotent)."""
+    for kind in kinds():
+        for name, is_async in zip(kind.functions, (False, True)):
+            orig = getattr(module, name, None)
+            if orig is None or getattr(orig, "__artsdk_wrapped__", False):
+                continue
+            wrapper = _wrap_async(orig, kind) if is_async else _wrap_sync(orig, kind)
+            wrapper.__artsdk_wrapped__ = True  # type: ignore[attr-defined]
+            setattr(module, name, wrapper)
+        kind.patch_streams()
 
 
 def unpatch(module: Any) -> None:
-    for name in ("completion", "acompletion"):
-        fn = getattr(module, name, None)
-        if getattr(fn, "__artsdk_wrapped__", False):
-            setattr(module, name, fn.__wrapped__)
-
-
-def _named(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    # litellm.completion(model, messages, ...) is also called positionally
-    return {**dict(zip(("model", "messages"), args)), **kwargs} if args else kwargs
+    for kind in kinds():
+        for name in kind.functions:
+            fn = getattr(module, name, None)
+            if getattr(fn, "__artsdk_wrapped__", False):
+                setattr(module, name, fn.__wrapped__)
 
 
 def _route(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -58,15 +99,15 @@ def _route(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {**kwargs, "model": f"openai/{send_as}", "api_base": route.base_url, "api_key": route.api_key}
 
 
-def _wrap_sync(orig: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_sync(orig: Callable[..., Any], kind: Kind) -> Callable[..., Any]:
     @functools.wraps(orig)
-    def completion(*args: Any, **kwargs: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
         if not context.active():
             return orig(*args, **kwargs)
-        kwargs = _named(args, kwargs)
+        kwargs = {**dict(zip(kind.positional, args)), **kwargs}  # litellm's functions are called positionally too
         cassette = current_cassette.get()
         if cassette is not None:
-            return _replay(kwargs, cassette, is_async=False)
+            return _replay(kwargs, cassette, kind)
         rec = current_recorder.get()
         token = inside_call.set(True)
         t0 = perf_counter()
@@ -74,27 +115,27 @@ def _wrap_sync(orig: Callable[..., Any]) -> Callable[..., Any]:
             resp = orig(**_route(kwargs))
         except BaseException as exc:
             if rec is not None:
-                rec.add(failed_call("litellm", kwargs, exc, perf_counter() - t0))
+                rec.add(failed_call(kind.provider, kwargs, exc, perf_counter() - t0, kind.request(kwargs)))
             hint_misspelt_model(exc, kwargs.get("model"))
             raise
         finally:
             inside_call.reset(token)
         if rec is not None:
-            _record(rec, kwargs, resp, t0)
+            _record(rec, kind, kwargs, resp, t0)
         return resp
 
-    return completion
+    return call
 
 
-def _wrap_async(orig: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_async(orig: Callable[..., Any], kind: Kind) -> Callable[..., Any]:
     @functools.wraps(orig)
-    async def acompletion(*args: Any, **kwargs: Any) -> Any:
+    async def call(*args: Any, **kwargs: Any) -> Any:
         if not context.active():
             return await orig(*args, **kwargs)
-        kwargs = _named(args, kwargs)
+        kwargs = {**dict(zip(kind.positional, args)), **kwargs}
         cassette = current_cassette.get()
         if cassette is not None:
-            return _replay(kwargs, cassette, is_async=True)
+            return _replay(kwargs, cassette, kind)
         rec = current_recorder.get()
         token = inside_call.set(True)
         t0 = perf_counter()
@@ -102,31 +143,31 @@ def _wrap_async(orig: Callable[..., Any]) -> Callable[..., Any]:
             resp = await orig(**_route(kwargs))
         except BaseException as exc:
             if rec is not None:
-                rec.add(failed_call("litellm", kwargs, exc, perf_counter() - t0))
+                rec.add(failed_call(kind.provider, kwargs, exc, perf_counter() - t0, kind.request(kwargs)))
             hint_misspelt_model(exc, kwargs.get("model"))
             raise
         finally:
             inside_call.reset(token)
         if rec is not None:
-            _record(rec, kwargs, resp, t0)
+            _record(rec, kind, kwargs, resp, t0)
         return resp
 
-    return acompletion
+    return call
 
 
-def _record(rec: Recorder, kwargs: dict[str, Any], resp: Any, t0: float) -> None:
+def _record(rec: Recorder, kind: Kind, kwargs: dict[str, Any], resp: Any, t0: float) -> None:
     if kwargs.get("stream") is True:
-        _StreamWatch(rec, kwargs, t0).attach(resp)
+        StreamWatch(rec, kind.accumulator(kwargs), t0).attach(resp)
     else:
-        rec.add(from_response("litellm", kwargs, resp, perf_counter() - t0))
+        rec.add(kind.from_response(kwargs, resp, perf_counter() - t0))
 
 
-class _StreamWatch:
+class StreamWatch:
     """Assembles one litellm stream; the patched stream class feeds it each chunk."""
 
-    def __init__(self, rec: Recorder, kwargs: dict[str, Any], t0: float) -> None:
+    def __init__(self, rec: Recorder, acc: Any, t0: float) -> None:
         self.rec = rec
-        self.acc = StreamAccumulator("litellm", kwargs)
+        self.acc = acc
         self.t0 = t0
         self.done = False
         self.slot = rec.reserve(lambda: self.finish(True))
@@ -140,27 +181,41 @@ class _StreamWatch:
             self.rec.fill(self.slot, self.acc.to_call(perf_counter() - self.t0, left_early, failure))
 
 
-def _patch_stream_class() -> None:
-    from litellm.litellm_core_utils.streaming_handler import CustomStreamWrapper as W
+def watch_stream_class(sync_cls: type, async_cls: type) -> None:
+    """Patch a litellm stream class (or a sync and an async one) so that a stream carrying a
+    StreamWatch reports each item, its end, its failure and its closing (idempotent)."""
+    if not getattr(sync_cls, "__artsdk_wrapped__", False):
+        orig_next, orig_close = sync_cls.__next__, getattr(sync_cls, "close", None)
 
-    if getattr(W, "__artsdk_wrapped__", False):
+        def __next__(self: Any) -> Any:
+            watch = self.__dict__.get(_STREAM_ATTR)
+            if watch is None:
+                return orig_next(self)
+            try:
+                chunk = orig_next(self)
+            except StopIteration:
+                watch.finish(False)
+                raise
+            except Exception as e:
+                watch.finish(False, f"{type(e).__name__}: {e}")
+                raise
+            watch.acc.add(chunk)
+            return chunk
+
+        def close(self: Any) -> None:
+            try:
+                if orig_close is not None:
+                    orig_close(self)
+            finally:
+                watch = self.__dict__.get(_STREAM_ATTR)
+                if watch is not None:
+                    watch.finish(True)
+
+        sync_cls.__next__, sync_cls.close = __next__, close  # type: ignore[method-assign]
+        sync_cls.__artsdk_wrapped__ = True  # type: ignore[attr-defined]
+    if getattr(async_cls, "__artsdk_wrapped_async__", False):
         return
-    orig_next, orig_anext, orig_close, orig_aclose = W.__next__, W.__anext__, W.close, W.aclose
-
-    def __next__(self: Any) -> Any:
-        watch = self.__dict__.get(_STREAM_ATTR)
-        if watch is None:
-            return orig_next(self)
-        try:
-            chunk = orig_next(self)
-        except StopIteration:
-            watch.finish(False)
-            raise
-        except Exception as e:
-            watch.finish(False, f"{type(e).__name__}: {e}")
-            raise
-        watch.acc.add(chunk)
-        return chunk
+    orig_anext, orig_aclose = async_cls.__anext__, getattr(async_cls, "aclose", None)
 
     async def __anext__(self: Any) -> Any:
         watch = self.__dict__.get(_STREAM_ATTR)
@@ -177,39 +232,32 @@ def _patch_stream_class() -> None:
         watch.acc.add(chunk)
         return chunk
 
-    def close(self: Any) -> None:
-        try:
-            orig_close(self)
-        finally:
-            watch = self.__dict__.get(_STREAM_ATTR)
-            if watch is not None:
-                watch.finish(True)
-
     async def aclose(self: Any) -> None:
         try:
-            await orig_aclose(self)
+            if orig_aclose is not None:
+                await orig_aclose(self)
         finally:
             watch = self.__dict__.get(_STREAM_ATTR)
             if watch is not None:
                 watch.finish(True)
 
-    W.__next__, W.__anext__, W.close, W.aclose = __next__, __anext__, close, aclose  # type: ignore[method-assign]
-    W.__artsdk_wrapped__ = True  # type: ignore[attr-defined]
+    async_cls.__anext__, async_cls.aclose = __anext__, aclose  # type: ignore[method-assign]
+    async_cls.__artsdk_wrapped_async__ = True  # type: ignore[attr-defined]
 
 
-class _ReplayStream:
-    """A recorded call replayed as a litellm stream (sync or async iteration)."""
+class ReplayStream:
+    """Recorded items replayed as a litellm stream (sync or async iteration)."""
 
     def __init__(self, chunks: list[Any]) -> None:
         self._chunks = iter(chunks)
 
-    def __iter__(self) -> "_ReplayStream":
+    def __iter__(self) -> "ReplayStream":
         return self
 
     def __next__(self) -> Any:
         return next(self._chunks)
 
-    def __aiter__(self) -> "_ReplayStream":
+    def __aiter__(self) -> "ReplayStream":
         return self
 
     async def __anext__(self) -> Any:
@@ -218,13 +266,13 @@ class _ReplayStream:
         except StopIteration:
             raise StopAsyncIteration from None
 
-    def __enter__(self) -> "_ReplayStream":
+    def __enter__(self) -> "ReplayStream":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    async def __aenter__(self) -> "_ReplayStream":
+    async def __aenter__(self) -> "ReplayStream":
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -237,14 +285,10 @@ class _ReplayStream:
         self.close()
 
 
-def _replay(kwargs: dict[str, Any], cassette: context.Cassette, *, is_async: bool) -> Any:
-    import litellm
-
-    model, messages, tools, _ = request_parts(kwargs)
+def _replay(kwargs: dict[str, Any], cassette: context.Cassette, kind: Kind) -> Any:
+    model, messages, tools, _ = kind.request(kwargs)
     call = cassette.next_call(model, messages, tools)
     rec = current_recorder.get()
     if rec is not None:
         rec.add(call.model_copy(deep=True))
-    if kwargs.get("stream") is True:
-        return _ReplayStream([litellm.ModelResponseStream(**c) for c in chunks_from_call(call)])
-    return litellm.ModelResponse(**response_from_call(call))
+    return kind.replay(kwargs, call)

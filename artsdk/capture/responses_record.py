@@ -31,12 +31,13 @@ def responses_request(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]]
     the request's own fields as sent (items included)."""
     instructions = kwargs.get("instructions")
     instructions = instructions if isinstance(instructions, str) else None
+    items = items_of(kwargs.get("input"))
     params: dict[str, Any] = {}
     for k, v in kwargs.items():
         if k in _NOT_PARAMS or not _given(v) or v is None:
             continue
         if k == "input":
-            v = items_of(v)
+            v = items
         elif k == "tools":
             v = [as_item(t) for t in v]
         elif isinstance(v, type):
@@ -45,15 +46,18 @@ def responses_request(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]]
     tf = kwargs.get("text_format")
     if tf is not None and _given(tf):
         params["text_format"] = f"{tf.__module__}.{tf.__qualname__}"
-    messages = chat_messages(items_of(kwargs.get("input")), instructions)
+    messages = chat_messages(items, instructions)
     return str(kwargs.get("model", "")), messages, chat_tools(kwargs.get("tools")), params
 
 
 def _extra(obj: Any, key: str) -> Any:
+    """A field a server added to the response (artsdk's backends add token ids)."""
     if isinstance(obj, dict):
         return obj.get(key)
-    extra = getattr(obj, "model_extra", None) or {}
-    return extra.get(key, getattr(obj, key, None) if key not in ("token_ids", "logprobs") else None)
+    extra = getattr(obj, "__pydantic_extra__", None)
+    if extra is not None:
+        return extra.get(key)
+    return getattr(obj, key, None)  # litellm's objects keep extra fields as attributes
 
 
 def _choice(resp: Any) -> Choice:
@@ -71,8 +75,7 @@ def _choice(resp: Any) -> Choice:
         finish = "stop" if status in (None, "completed") else status
     token_ids, logprobs = _extra(resp, "token_ids"), _extra(resp, "logprobs")
     return Choice(index=0, message=message, finish_reason=finish,
-                  token_ids=list(token_ids) if token_ids else None,
-                  logprobs=[float(x) for x in logprobs] if logprobs else None)
+                  token_ids=list(token_ids) if token_ids else None, logprobs=list(logprobs) if logprobs else None)
 
 
 def _usage(resp: Any) -> Optional[dict[str, Any]]:

@@ -11,7 +11,8 @@ Supported: ``input`` (text or items: messages, ``function_call``, ``function_cal
 reasoning items are accepted and left out of the prompt), ``instructions``, function
 ``tools`` (``tool_choice="none"`` hides them), ``max_output_tokens``, ``temperature``,
 ``top_p``, ``stream`` (the Responses events), and ``previous_response_id`` for the responses
-this server kept (``store``, on by default: the newest 1024 are kept in memory).
+this server kept (``store``, on by default: the newest 1024 are kept in memory). Beyond
+OpenAI's fields, as in chat completions: ``seed`` and ``stop``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, Callable, Optional, Union
 
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from artsdk.response_items import chat_messages, chat_tools, items_of, output_items
 
@@ -54,6 +55,14 @@ class ResponsesRequest(BaseModel):
     store: bool = True
     previous_response_id: Optional[str] = Field(None, max_length=256)
     seed: Optional[int] = Field(None, ge=-2**63, le=2**63 - 1)  # not OpenAI's: for reproducible samples
+    stop: Optional[list[str]] = Field(None, max_length=4)  # not OpenAI's: as in chat completions
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: Optional[list[str]]) -> Optional[list[str]]:
+        if v and any(len(x) > 1000 for x in v):
+            raise ValueError("stop strings are at most 1000 characters each")
+        return v
 
 
 class History:
@@ -92,7 +101,7 @@ def add_responses_routes(app: FastAPI, models: Callable[[], dict[str, ServedMode
         conversation = earlier + turn
         req = prepare(served, system + conversation, tools, "input",
                       max_tokens=body.max_output_tokens or DEFAULT_MAX_TOKENS, temperature=body.temperature,
-                      top_p=body.top_p, seed=body.seed)
+                      top_p=body.top_p, seed=body.seed, stop=list(body.stop or []))
         rid = f"resp_{uuid.uuid4().hex}"
 
         def finished(c: Completion) -> dict[str, Any]:

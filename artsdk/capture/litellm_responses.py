@@ -1,0 +1,41 @@
+"""Capture for litellm's Responses API: ``responses`` and ``aresponses``, plain and
+streamed, through the machinery of ``litellm.py``; items and the chat view as for the
+openai client's Responses API (``responses_record.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..trajectory import LLMCall
+from .litellm import Kind, ReplayStream, watch_stream_class
+from .responses_record import ResponsesStreamAccumulator, events_from_call, from_response, response_from_call
+from .responses_record import responses_request
+
+PROVIDER = "litellm-responses"
+
+
+def _replay(kwargs: dict[str, Any], call: LLMCall) -> Any:
+    from openai._models import construct_type
+    from openai.types.responses import Response, ResponseStreamEvent
+
+    if kwargs.get("stream") is True:
+        return ReplayStream([construct_type(type_=ResponseStreamEvent, value=e) for e in events_from_call(call)])
+    return construct_type(type_=Response, value=response_from_call(call))
+
+
+def _patch_streams() -> None:
+    from litellm.responses import streaming_iterator as it
+
+    watch_stream_class(it.SyncResponsesAPIStreamingIterator, it.ResponsesAPIStreamingIterator)
+    # litellm fakes a stream (one plain call, then events) where a provider cannot stream, and
+    # answers some from its cache: those iterators go both ways
+    for cls in (getattr(it, "MockResponsesAPIStreamingIterator", None),
+                getattr(it, "CachedResponsesAPIStreamingIterator", None)):
+        if cls is not None:
+            watch_stream_class(cls, cls)
+
+
+RESPONSES = Kind(provider=PROVIDER, functions=("responses", "aresponses"), positional=("input", "model"),
+                 request=responses_request, from_response=lambda kw, resp, t: from_response(PROVIDER, kw, resp, t),
+                 accumulator=lambda kw: ResponsesStreamAccumulator(PROVIDER, kw), replay=_replay,
+                 patch_streams=_patch_streams)
