@@ -124,3 +124,32 @@ def output_items(content: Optional[str], tool_calls: Optional[list[Item]], id_pr
         items.append({"type": "function_call", "id": f"fc_{id_prefix}_{k}", "call_id": tc["id"],
                       "name": fn["name"], "arguments": args, "status": "completed"})
     return items
+
+
+def whole_conversation(calls: list[Any], call: Any) -> list[Item]:
+    """The chat messages a Responses call really answered: its own, after the conversation of
+    the response it continues (``previous_response_id``), found among ``calls`` (the
+    trajectory's, recorded earlier). TrajectoryError when that response is not there: the
+    server kept the beginning, and nothing recorded holds it."""
+    from .errors import TrajectoryError
+
+    messages = list(call.messages)
+    previous = call.params.get("previous_response_id")
+    seen = set()
+    while previous:
+        if previous in seen:
+            break
+        seen.add(previous)
+        earlier = next((c for c in calls if c.choices and c.choices[0].message.get("id") == previous), None)
+        if earlier is None:
+            raise TrajectoryError(
+                f"call {call.index} continues response {previous!r} (previous_response_id), which is not among the "
+                f"trajectory's recorded calls: the start of its conversation is unknown. Send the whole "
+                f"conversation as input, or let an artsdk backend answer (it returns the prompt's token ids)")
+        answer = {k: v for k, v in earlier.choices[0].message.items() if k not in ("output", "id")}
+        own = [m for m in messages if m.get("role") != "system"] if earlier is not call else messages
+        system = [m for m in messages if m.get("role") == "system"]
+        messages = system + [m for m in earlier.messages if m.get("role") != "system"] + [answer] + own
+        previous = earlier.params.get("previous_response_id")
+    return messages
+

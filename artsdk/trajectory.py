@@ -186,7 +186,15 @@ class Trajectory(BaseModel):
         if not self.calls:
             return []
         last = self.calls[-1]
-        return [*last.messages, *([last.message] if last.message is not None else [])]
+        convo = last.messages
+        if last.params.get("previous_response_id"):  # a Responses call continuing an earlier one
+            from .response_items import whole_conversation
+
+            try:
+                convo = whole_conversation(self.calls, last)
+            except TrajectoryError:
+                pass  # its start is not recorded: what it sent is all there is
+        return [*convo, *([last.message] if last.message is not None else [])]
 
     @property
     def last_message(self) -> Optional[Message]:

@@ -302,3 +302,30 @@ async def test_bf16_loop_ratio_one_clip_zero_and_served_equals_trained(tmp_path,
     assert at_step_0 < 0.05 and at_step_2 < 0.05, (at_step_0, at_step_2)  # bf16 kernels, batch shapes
     assert effect > 4 * at_step_2, (effect, at_step_2)
     assert math.isfinite(effect)
+
+
+# -- a Responses call that continues an earlier response ---------------------------------
+
+async def test_previous_response_id_is_resolved_or_refused_never_truncated(tmp_path):
+    from backends.local.trainer import segments
+
+    be = make_backend(tmp_path)
+    await be.register(art.TrainableModel("p", base_model="tiny"))
+    served = be.models["p"]
+    first = art.LLMCall(index=0, provider="openai-responses", model="p", served_by="p@0",
+                        messages=[{"role": "user", "content": "one"}],
+                        choices=[art.Choice(message={"role": "assistant", "content": "two", "id": "resp_1"},
+                                            token_ids=[10, 11], logprobs=[-1.0, -1.0])])
+    second = art.LLMCall(index=1, provider="openai-responses", model="p", served_by="p@0",
+                         messages=[{"role": "user", "content": "three"}], params={"previous_response_id": "resp_1"},
+                         choices=[art.Choice(message={"role": "assistant", "content": "four", "id": "resp_2"},
+                                             token_ids=[12], logprobs=[-1.0])])
+    t = art.Trajectory(calls=[first, second], reward=1.0)
+    segs, _ = segments(t, 1.0, served.tokenizing())
+    whole = served.chat.prompt_ids([{"role": "user", "content": "one"}, {"role": "assistant", "content": "two"},
+                                    {"role": "user", "content": "three"}])
+    assert segs[-1].tokens[:len(whole)] == whole  # the whole conversation, not "three" alone
+    orphan = art.Trajectory(calls=[second], reward=1.0)
+    with pytest.raises(art.TrajectoryError, match="continues response 'resp_1'"):
+        segments(orphan, 1.0, served.tokenizing())
+    await be.close()

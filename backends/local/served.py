@@ -217,7 +217,7 @@ class ServedModel:
         """What the trainer needs to turn this model's trajectories into tokens."""
         return Tokenizing(policy=self.spec.name, vocab_size=self.model.get_input_embeddings().weight.shape[0],
                           context_length=self.context_length,
-                          prompt_ids=lambda call: self.chat.prompt_ids(call.messages, call.tools),
+                          prompt_ids=self.chat.prompt_ids,
                           completion_ids=self._completion_ids)
 
     def _completion_ids(self, choice: Any) -> list[int]:

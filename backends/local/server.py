@@ -140,9 +140,9 @@ def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[st
         completion_tokens = sum(len(c.token_ids) for c in outs)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": name, "choices": choices, "prompt_token_ids": prompt,
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": completion_tokens,
-                      "total_tokens": len(prompt) + completion_tokens},
+            "model": name, "choices": choices, "prompt_token_ids": req.prompt,
+            "usage": {"prompt_tokens": len(req.prompt), "completion_tokens": completion_tokens,
+                      "total_tokens": len(req.prompt) + completion_tokens},
         }
 
     from .server_responses import add_responses_routes

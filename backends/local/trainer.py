@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from artsdk.errors import TrainingError, TrajectoryError
+from artsdk.response_items import whole_conversation
 from artsdk.trajectory import Group, LLMCall, Trajectory
 
 from .attention import packed_attention
@@ -188,7 +189,7 @@ class Tokenizing:
     """What turning a trajectory into tokens needs from the model being trained."""
 
     policy: str  # the model's name: only calls it served are trained
-    prompt_ids: Callable[[LLMCall], list[int]]  # fallback when a call has no prompt token ids
+    prompt_ids: Callable[[list[Any], Any], list[int]]  # (messages, tools): fallback when a call has no prompt ids
     completion_ids: Callable[[Any], list[int]]  # fallback when a choice has no sampled ids
     vocab_size: int
     context_length: int
@@ -212,7 +213,7 @@ def segments(traj: Trajectory, advantage: float, tk: Tokenizing) -> tuple[list[S
         prompt = call.prompt_token_ids
         if not prompt:
             tk.warn("a call has no prompt token ids: retokenizing its messages")
-            prompt = tk.prompt_ids(call)
+            prompt = tk.prompt_ids(whole_conversation(traj.calls, call), call.tools)
         if choice.trainable:
             ids, lps = list(choice.token_ids), list(choice.logprobs)  # type: ignore[arg-type]
             bad = next((x for x in lps if not math.isfinite(x) or x > 1e-3), None)
