@@ -64,7 +64,7 @@ async def isolation(rounds: int, home: str) -> dict:
 
 def auth(serve: Serve) -> dict:
     spec = httpx.get(serve.url + "/openapi.json", headers={"Authorization": f"Bearer {KEY}"}).json()
-    keys = [None, "Bearer wrong", f"bearer {KEY}", f"Bearer {KEY} ", f"Bearer {KEY[:-1]}", KEY, ""]
+    keys = [None, "Bearer wrong", f"bearer {KEY}", f"Bearer  {KEY}", f"Bearer {KEY[:-1]}", KEY, "", f"Basic {KEY}"]
     tried = bypassed = 0
     with httpx.Client(base_url=serve.url, timeout=30) as c:
         for path, ops in spec["paths"].items():

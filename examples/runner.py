@@ -29,11 +29,13 @@ def load_config(path: Path, argv: Sequence[str] | None) -> dict[str, Any]:
     ap.add_argument("--scenarios-per-step", type=int)
     ap.add_argument("--eval-games", type=int)
     ap.add_argument("--out", type=Path, help="write the figures (eval before/after, each step) here as JSON")
+    ap.add_argument("--seed", type=int, help="seed of the training scenarios and the adapter's initialisation "
+                                              "(the held-out scenarios stay the same)")
     ap.add_argument("--resume", action="store_true", default=None,
                     help="continue from the model's last checkpoint (default: start fresh, earlier ones moved aside)")
     a = ap.parse_args(argv)
     cfg = tomllib.loads(a.config.read_text())
-    for key in ("steps", "base_model", "group_size", "scenarios_per_step", "eval_games", "out", "resume"):
+    for key in ("steps", "base_model", "group_size", "scenarios_per_step", "eval_games", "out", "resume", "seed"):
         if getattr(a, key) is not None:
             cfg[key] = getattr(a, key)
     return cfg
@@ -71,7 +73,7 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
                 make_scenarios: Callable[[int, int, dict[str, Any]], list[Any]],
                 success: Callable[[art.Trajectory], bool] | None = None) -> dict[str, Any]:
     art.configure(project=cfg["project"])
-    train_settings = {k: cfg[k] for k in ("learning_rate", "loss") if k in cfg}
+    train_settings = {k: cfg[k] for k in ("learning_rate", "loss", "seed") if k in cfg}
     model = art.TrainableModel(cfg["model"], base_model=cfg["base_model"], project=cfg["project"],
                                config={"train": train_settings})
     t0 = time.monotonic()
@@ -88,7 +90,8 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
               + (f", solved {rate_before:.0%}" if rate_before is not None else ""), flush=True)
         history = []
         for step in range(cfg["steps"]):
-            groups = await art.gather(rollout, make_scenarios(cfg["scenarios_per_step"], step, cfg),
+            seed = step + 1000 * cfg.get("seed", 0)
+            groups = await art.gather(rollout, make_scenarios(cfg["scenarios_per_step"], seed, cfg),
                                       group_size=cfg["group_size"], rewards=rewards)
             mean = sum(t.reward for g in groups for t in g.scored) / max(1, sum(len(g.scored) for g in groups))
             result = await run.train(groups)

@@ -19,6 +19,24 @@ def server():
         yield s
 
 
+@pytest.fixture
+def sync_client(server):
+    """An openai client of the scripted server."""
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.base_url, api_key="k")
+
+
+@pytest.fixture
+async def async_client(server):
+    """An async openai client of the scripted server, closed with the test's event loop."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=server.base_url, api_key="k")
+    yield client
+    await client.close()
+
+
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch):
     """Every test runs in its own folder, so the default store and config are its own."""

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from openai import AsyncOpenAI, BadRequestError, OpenAI
+from openai import AsyncOpenAI, BadRequestError
 from pydantic import BaseModel
 
 import artsdk as art
@@ -17,18 +17,6 @@ TOOLS = [{"type": "function", "function": {"name": "search", "description": "sea
 
 def user(text):
     return [{"role": "user", "content": text}]
-
-
-@pytest.fixture
-def sync_client(server):
-    return OpenAI(base_url=server.base_url, api_key="k")
-
-
-@pytest.fixture
-async def async_client(server):
-    client = AsyncOpenAI(base_url=server.base_url, api_key="k")
-    yield client
-    await client.close()
 
 
 def test_sync_call_recorded_with_tokens_and_step(sync_client, server):

@@ -5,7 +5,7 @@ its items and the chat view, and the agent getting exactly what the plain client
 import json
 
 import pytest
-from openai import AsyncOpenAI, OpenAI
+from openai import AsyncOpenAI
 from pydantic import BaseModel
 
 import artsdk as art
@@ -14,18 +14,6 @@ pytestmark = pytest.mark.anyio
 
 TOOLS = [{"type": "function", "name": "search", "description": "search",
           "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}]
-
-
-@pytest.fixture
-def sync_client(server):
-    return OpenAI(base_url=server.base_url, api_key="k")
-
-
-@pytest.fixture
-async def async_client(server):
-    client = AsyncOpenAI(base_url=server.base_url, api_key="k")
-    yield client
-    await client.close()
 
 
 def test_create_records_items_chat_view_and_tokens(sync_client, server):

@@ -9,6 +9,7 @@ import torch
 from openai import AsyncOpenAI, BadRequestError
 
 import artsdk as art
+from tests.learning import learn_to_say
 
 pytest.importorskip("torch")
 from backends.local import LocalBackend  # noqa: E402
@@ -99,22 +100,11 @@ async def test_a_responses_agent_learns_through_the_session(tmp_path, art_store)
             r = await client.responses.create(model="toy", input="Say the word.", max_output_tokens=6)
             return r.output_text
 
-        @art.reward
-        def said_word(t: art.Trajectory) -> float:
-            ids = t.calls[0].choices[0].token_ids
-            return sum(1 for x in ids if x == 300) / len(ids)
-
-        curve = []
-        for step in range(15):
-            groups = await art.gather(answer, range(8), group_size=8, rewards=[said_word])
-            curve.append(sum(g.mean for g in groups) / len(groups))
-            calls = [t.calls[0] for g in groups for t in g]
+        def token_exact(calls, step):
             assert {c.served_by for c in calls} == {f"toy@{step}"} and {c.provider for c in calls} == {"openai-responses"}
             assert all(c.choices[0].trainable and c.prompt_token_ids for c in calls)
-            if curve[-1] > 0.8:
-                break
-            result = await run.train(groups)
-            assert result.trained and result.metrics["logprob_mismatch"] < 1e-3  # the sampler's tokens, exactly
+
+        curve = await learn_to_say(run, answer, token_exact)
     await be.close()
     await client.close()
     assert curve[0] < 0.1 and max(curve) > 0.8, curve

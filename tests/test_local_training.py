@@ -9,6 +9,7 @@ from openai import AsyncOpenAI
 
 import artsdk as art
 from artsdk.testing import trajectory
+from tests.learning import learn_to_say
 
 from backends.local import LocalBackend
 from backends.local.trainer import LOSSES, Segment, pack, token_logprobs
@@ -37,21 +38,10 @@ async def test_full_loop_learns_to_answer_with_a_word(tmp_path, art_store):
                 model="toy", messages=[{"role": "user", "content": "Say the word."}], max_tokens=6)
             return r.choices[0].message.content
 
-        @art.reward
-        def said_word(t: art.Trajectory) -> float:
-            ids = t.calls[0].choices[0].token_ids
-            return sum(1 for x in ids if x == 300) / len(ids)
+        def newest(calls, step):
+            assert {c.served_by for c in calls} == {f"toy@{step}"}  # every call answered by the newest adapter
 
-        curve = []
-        for step in range(15):
-            groups = await art.gather(answer, range(8), group_size=8, rewards=[said_word])
-            curve.append(sum(g.mean for g in groups) / len(groups))
-            served = {t.calls[0].served_by for g in groups for t in g}
-            assert served == {f"toy@{step}"}  # every call answered by the newest adapter
-            if curve[-1] > 0.8:
-                break
-            result = await run.train(groups)
-            assert result.step == step + 1 and result.checkpoint.endswith(f"checkpoints/{step + 1}")
+        curve = await learn_to_say(run, answer, newest)
     await be.close()
     await client.close()
     assert curve[0] < 0.1, curve

@@ -15,12 +15,12 @@ PROVIDER = "litellm-responses"
 
 
 def _replay(kwargs: dict[str, Any], call: LLMCall) -> Any:
-    from openai._models import construct_type
-    from openai.types.responses import Response, ResponseStreamEvent
+    from .openai import built_as
 
     if kwargs.get("stream") is True:
-        return ReplayStream([construct_type(type_=ResponseStreamEvent, value=e) for e in events_from_call(call)])
-    return construct_type(type_=Response, value=response_from_call(call))
+        event = built_as("openai.types.responses:ResponseStreamEvent")
+        return ReplayStream([event(e) for e in events_from_call(call)])
+    return built_as("openai.types.responses:Response")(response_from_call(call))
 
 
 def _patch_streams() -> None:

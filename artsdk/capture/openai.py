@@ -57,18 +57,18 @@ def _chat_classes() -> tuple[type, type]:
     return Completions, AsyncCompletions
 
 
-def _chat_body(data: Any) -> Any:
-    from openai._models import construct_type  # leniently, as the client itself builds responses
-    from openai.types.chat import ChatCompletion
+def built_as(type_name: str) -> Callable[[Any], Any]:
+    """JSON -> the openai type ``module:Name`` (imported when first used), built leniently, as
+    the client itself builds what it receives."""
+    def build(data: Any) -> Any:
+        import importlib
 
-    return construct_type(type_=ChatCompletion, value=data)
+        from openai._models import construct_type
 
+        module, name = type_name.split(":")
+        return construct_type(type_=getattr(importlib.import_module(module), name), value=data)
 
-def _chat_event(data: Any) -> Any:
-    from openai._models import construct_type
-    from openai.types.chat import ChatCompletionChunk
-
-    return construct_type(type_=ChatCompletionChunk, value=data)
+    return build
 
 
 def _chat_replay(resource: Any, kwargs: dict[str, Any], kind: str, call: LLMCall) -> Any:
@@ -89,8 +89,9 @@ def _chat_replay(resource: Any, kwargs: dict[str, Any], kind: str, call: LLMCall
 
 CHAT = API(provider="openai", path="chat.completions", classes=_chat_classes, methods=("create", "parse"),
            request=request_parts, from_response=lambda kw, resp, t: from_response("openai", kw, resp, t),
-           accumulator=lambda kw: StreamAccumulator("openai", kw), parse_body=_chat_body,
-           parse_event=_chat_event, replay=_chat_replay)
+           accumulator=lambda kw: StreamAccumulator("openai", kw),
+           parse_body=built_as("openai.types.chat:ChatCompletion"),
+           parse_event=built_as("openai.types.chat:ChatCompletionChunk"), replay=_chat_replay)
 
 
 def patch(module: Any) -> None:

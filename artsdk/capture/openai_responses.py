@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..trajectory import LLMCall
-from .openai import API, replay_stream
+from .openai import API, built_as, replay_stream
 from .responses_record import ResponsesStreamAccumulator, events_from_call, from_response, response_from_call
 from .responses_record import responses_request
 
@@ -21,20 +21,6 @@ def _classes() -> tuple[type, type]:
     from openai.resources.responses import AsyncResponses, Responses
 
     return Responses, AsyncResponses
-
-
-def _body(data: Any) -> Any:
-    from openai._models import construct_type  # leniently, as the client itself builds responses
-    from openai.types.responses import Response
-
-    return construct_type(type_=Response, value=data)
-
-
-def _event(data: Any) -> Any:
-    from openai._models import construct_type
-    from openai.types.responses import ResponseStreamEvent
-
-    return construct_type(type_=ResponseStreamEvent, value=data)
 
 
 def _replay(resource: Any, kwargs: dict[str, Any], kind: str, call: LLMCall) -> Any:
@@ -56,5 +42,6 @@ def _replay(resource: Any, kwargs: dict[str, Any], kind: str, call: LLMCall) -> 
 
 RESPONSES = API(provider=PROVIDER, path="responses", classes=_classes, methods=("create", "parse"),
                 request=responses_request, from_response=lambda kw, resp, t: from_response(PROVIDER, kw, resp, t),
-                accumulator=lambda kw: ResponsesStreamAccumulator(PROVIDER, kw), parse_body=_body,
-                parse_event=_event, replay=_replay)
+                accumulator=lambda kw: ResponsesStreamAccumulator(PROVIDER, kw),
+                parse_body=built_as("openai.types.responses:Response"),
+                parse_event=built_as("openai.types.responses:ResponseStreamEvent"), replay=_replay)

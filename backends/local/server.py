@@ -128,11 +128,7 @@ def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[st
                       max_tokens=asked, n=body.n, temperature=body.temperature, top_p=body.top_p, stop=stops,
                       seed=body.seed, min_tokens=max(0, body.min_tokens))
         if body.stream:
-            loop = asyncio.get_running_loop()
-            events: asyncio.Queue[Any] = asyncio.Queue()
-            req.on_token = lambda *ev: loop.call_soon_threadsafe(events.put_nowait, ev)
-            future = submit(served, req, step)
-            future.add_done_callback(lambda f: loop.call_soon_threadsafe(events.put_nowait, None))
+            future, events = submit_streaming(served, req, step)
             return StreamingResponse(_stream(served, req, body, future, events), media_type="text/event-stream")
         outs = await asyncio.wrap_future(submit(served, req, step))
         name = f"{served.spec.name}@{req.step}"
@@ -180,6 +176,17 @@ def resolve(models: dict[str, ServedModel], requested: str) -> tuple[ServedModel
         raise BadRequest(f"{requested[:100]!r}: step {step_text[:20]} is not being served "
                          f"(serving {sorted(served.serving)}); ask for {name!r} for the newest", "model")
     return served, int(step_text)
+
+
+def submit_streaming(served: ServedModel, req: GenRequest, step: Optional[int]) -> tuple[Any, "asyncio.Queue[Any]"]:
+    """``submit`` for a streamed answer: (the future, a queue that receives each sampled
+    token as (choice index, token id, logprob, new text), then None when generation ends)."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[Any] = asyncio.Queue()
+    req.on_token = lambda *ev: loop.call_soon_threadsafe(events.put_nowait, ev)
+    future = submit(served, req, step)
+    future.add_done_callback(lambda f: loop.call_soon_threadsafe(events.put_nowait, None))
+    return future, events
 
 
 def submit(served: ServedModel, req: GenRequest, step: Optional[int]) -> Any:

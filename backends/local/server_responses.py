@@ -33,7 +33,7 @@ from artsdk.response_items import chat_messages, chat_tools, items_of, output_it
 from .engine import Completion
 from .engine import Request as GenRequest
 from .served import ServedModel
-from .server import DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT, BadRequest, prepare, resolve, submit
+from .server import DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT, BadRequest, prepare, resolve, submit, submit_streaming
 
 KEPT = 1024  # stored responses, for previous_response_id
 
@@ -113,11 +113,7 @@ def add_responses_routes(app: FastAPI, models: Callable[[], dict[str, ServedMode
             return out
 
         if body.stream:
-            loop = asyncio.get_running_loop()
-            events: asyncio.Queue[Any] = asyncio.Queue()
-            req.on_token = lambda *ev: loop.call_soon_threadsafe(events.put_nowait, ev)
-            future = submit(served, req, step)
-            future.add_done_callback(lambda f: loop.call_soon_threadsafe(events.put_nowait, None))
+            future, events = submit_streaming(served, req, step)
             return StreamingResponse(_events(served, req, body, rid, future, events, finished, buffered=bool(tools)),
                                      media_type="text/event-stream")
         (c,) = await asyncio.wrap_future(submit(served, req, step))
