@@ -119,7 +119,7 @@ async def crashes(n: int, home: Path) -> dict:
     from backends.remote import RemoteBackend
 
     serve = Serve(home, free_port()).start()
-    model = art.TrainableModel("crash", base_model="tiny")
+    model = art.TrainableModel("crash", base_model="tiny", project="reliability")
     t = trajectory([{"role": "user", "content": "go"}, {"role": "assistant", "content": "x"}], model="crash",
                    token_ids=[5, 6, 7], logprobs=[-6.0] * 3)
     t.calls[0].prompt_token_ids = [1, 2, 3, 4]
@@ -142,7 +142,7 @@ async def crashes(n: int, home: Path) -> dict:
         be = RemoteBackend(serve.url, api_key=KEY)
         await be.register(model)
         after = await be.step(model)
-        folder = home / "default" / "crash" / "checkpoints"
+        folder = home / "reliability" / "crash" / "checkpoints"
         whole = all((p / "adapter_model.safetensors").is_file() and (p / "trainer_state.json").is_file()
                     for p in folder.iterdir() if p.is_dir())
         leftovers = [p.name for p in folder.iterdir() if ".tmp" in p.name]

@@ -113,14 +113,18 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
 
 def where_next(model: art.TrainableModel, step: int) -> None:
     """Say where the run left its results and what to try next."""
+    import os
+
     s = art.settings()
+    cli = Path(sys.executable).with_name("artsdk")  # in the virtual environment, maybe not on PATH
+    artsdk = os.path.relpath(cli) if cli.is_file() else "artsdk"
     lines = [f"\nthe model is at step {step}."]
     if s.backend == "local":
         lines.append(f"  checkpoints (LoRA adapters, peft format): {Path(s.home).resolve() / model.project / model.name / 'checkpoints'}")
     lines += [f"  trajectories and steps: {s.store_url}",
               "next:",
-              f"  artsdk trajectories list --project {model.project}       # the newest rollouts, rewards, errors",
-              f"  artsdk trajectories show <id>                        # one conversation, token by token",
+              f"  {artsdk} trajectories list --project {model.project}    # the newest rollouts, rewards, errors",
+              f"  {artsdk} trajectories show <id>                     # one conversation, call by call",
               "  run this command again to start fresh, or with --resume to continue training"]
     print("\n".join(lines), flush=True)
 
