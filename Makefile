@@ -57,6 +57,7 @@ bench: setup
 	$(PY) -m bench.memory
 	$(PY) -m bench.learning
 	$(PY) -m bench.reliability
+	$(PY) -m bench.viewer
 	$(PY) -m bench.report
 
 clean:

@@ -158,12 +158,14 @@ class Session:
     """An open training session: calls naming the model are served by the backend, and
     ``train`` runs GRPO steps. Get one from ``art.session(model)``."""
 
-    def __init__(self, model: TrainableModel, backend: Backend, endpoint: Endpoint, step: int) -> None:
+    def __init__(self, model: TrainableModel, backend: Backend, endpoint: Endpoint, step: int,
+                 trackers: Sequence[Any] = ()) -> None:
         self.model = model
         self.backend = backend
         self.endpoint = endpoint
         self.step = step
         self.history: list[TrainResult] = []
+        self.trackers = list(trackers)  # where each step's metrics also go (see artsdk.trackers)
 
     async def train(self, groups: Sequence[Group], **config: Any) -> TrainResult:
         """One training step on ``groups``. Groups with no signal (all rewards equal) carry
@@ -193,6 +195,8 @@ class Session:
             await anyio.to_thread.run_sync(  # a commit: kept off the event loop
                 default_store().record_step, self.model.project, self.model.name, result.step,
                 result.metrics, result.checkpoint)
+        for tracker in self.trackers:
+            await anyio.to_thread.run_sync(tracker.log, self.model, result.step, result.metrics)
         return result
 
     async def _catch_up(self) -> None:
@@ -226,16 +230,21 @@ async def session(model: TrainableModel, backend: Optional[Backend] = None,
     Inside it, any openai / litellm call with ``model=model.name`` is sent to the
     backend's endpoint, whatever base URL the client was built with.
     """
+    from .config import settings
     from .store import default_store
+    from .trackers import open_trackers
 
     owns = backend is None
     be = backend if backend is not None else load_backend(**backend_options)
+    trackers: list[Any] = []
     try:
         endpoint = await be.register(model)
         step = await be.step(model)
         await anyio.to_thread.run_sync(
             default_store().record_model, model.project, model.name, model.base_model, model.config)
-        run = Session(model, be, endpoint, step)
+        cfg = settings()
+        trackers = await anyio.to_thread.run_sync(open_trackers, cfg.trackers, cfg.tracker_options, model, cfg.home)
+        run = Session(model, be, endpoint, step, trackers)
         previous = routes.get(model.name)
         routes[model.name] = Route(endpoint.base_url, endpoint.api_key, endpoint.model)
         _sessions.append(run)
@@ -248,5 +257,7 @@ async def session(model: TrainableModel, backend: Optional[Backend] = None,
             else:
                 routes[model.name] = previous
     finally:
+        for tracker in trackers:
+            tracker.close()
         if owns:
             await be.close()

@@ -6,6 +6,7 @@
     artsdk config
     artsdk serve [--backend local] [--host 127.0.0.1] [--port 7999] [--api-key-file FILE] [--home DIR]
     artsdk train examples/tic_tac_toe [--steps 5 --base-model tiny ...]
+    artsdk view [--store URL] [--port 7800]
 """
 
 from __future__ import annotations
@@ -167,6 +168,25 @@ def cmd_serve(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_view(a: argparse.Namespace) -> int:
+    import os
+
+    try:
+        from .viewer.app import serve
+    except ImportError as e:  # pragma: no cover - fastapi / uvicorn missing
+        print(f"artsdk view needs the viewer's extras ({e}); pip install 'artsdk[view]'", file=sys.stderr)
+        return 2
+    key = os.environ.get("ARTSDK_VIEW_KEY")
+    if a.api_key_file:
+        try:
+            key = open(a.api_key_file).read().strip() or None
+        except OSError as e:
+            print(f"artsdk view: cannot read --api-key-file: {e}", file=sys.stderr)
+            return 2
+    serve(a.store, a.host, a.port, key)
+    return 0
+
+
 def cmd_train(a: argparse.Namespace) -> int:
     """Run ``<folder>/train.py`` as a module (``examples/tic_tac_toe`` -> ``examples.tic_tac_toe.train``)."""
     import runpy
@@ -224,6 +244,13 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--option", action="append", metavar="KEY=VALUE",
                     help="a backend option, e.g. --option device=cuda (repeatable)")
     sv.set_defaults(func=cmd_serve)
+
+    vw = sub.add_parser("view", help="a web page over the store: reward curves, groups, trajectories, comparisons")
+    vw.add_argument("--store", help="store path or URL (default: from the settings)")
+    vw.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    vw.add_argument("--port", type=int, default=7800)
+    vw.add_argument("--api-key-file", help="require the key in this file (default: ARTSDK_VIEW_KEY, or none)")
+    vw.set_defaults(func=cmd_view)
 
     tr = sub.add_parser("train", help="train an example (or any folder with a train.py)")
     tr.add_argument("path", help="e.g. examples/tic_tac_toe")

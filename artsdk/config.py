@@ -27,7 +27,8 @@ from .errors import ConfigError
 
 ENV_PREFIX = "ARTSDK_"
 # ARTSDK_* variables that are not settings but are read where they are needed
-OTHER_VARIABLES = {"ARTSDK_CACHE": "the local backend's cache of converted base models"}
+OTHER_VARIABLES = {"ARTSDK_CACHE": "the local backend's cache of converted base models",
+                   "ARTSDK_VIEW_KEY": "the key `artsdk view` requires"}
 
 
 class Settings(BaseModel):
@@ -47,6 +48,8 @@ class Settings(BaseModel):
     progress: Optional[bool] = Field(None, description="Progress bar; default: when stderr is a tty.")
     record_calls: bool = Field(False, description="Store trajectories of plain (not .collect) calls.")
     strict_capture: bool = Field(False, description="Refuse an LLM call that would escape capture (CaptureError).")
+    trackers: list[str] = Field(default_factory=list, description="Where training metrics go: tensorboard, wandb, mlflow.")
+    tracker_options: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Options of each tracker.")
     config_file: Optional[str] = Field(None, description="The file these settings were read from.")
 
     @property
@@ -89,13 +92,15 @@ def _from_env() -> dict[str, Any]:
             known = sorted(f"{ENV_PREFIX}{k.upper()}" for k in Settings.model_fields if k != "config_file")
             raise ConfigError(f"unknown environment variable {key}: not an artsdk setting; known: "
                               f"{', '.join(known + sorted(OTHER_VARIABLES))} (unset it, or fix its spelling)")
-        if name == "backend_options":
+        if name in ("backend_options", "tracker_options"):
             import json
 
             try:
                 out[name] = json.loads(value)
             except ValueError as e:
                 raise ConfigError(f"{key} must be a JSON object, got {value!r}") from e
+        elif name == "trackers":  # a comma-separated list
+            out[name] = [x.strip() for x in value.split(",") if x.strip()]
         else:
             out[name] = value
     return out

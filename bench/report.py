@@ -191,6 +191,20 @@ def section_learning(rs: list[dict]) -> list[str]:
     return out + [""]
 
 
+def section_viewer(rs: list[dict]) -> list[str]:
+    r = rs[0]
+    small, large = str(r["small"]), str(r["large"])
+    out = ["## The viewer on a large store", "",
+           f"`python -m bench.viewer`: `artsdk view`'s JSON endpoints over HTTP on 127.0.0.1 (median of repeats), "
+           f"on a store of {r['large']:,} trajectories (4 calls each, groups of 8, 100 steps; "
+           f"{r['rows'][large]['size_mb']:.0f} MB) next to one of {r['small']:,}. Target: every page under 200 ms "
+           "at the large size.", "",
+           f"| endpoint | {r['small']:,} trajectories | {r['large']:,} trajectories | ratio |", "|---|---|---|---|"]
+    for name, ms in r["rows"][large]["ms"].items():
+        out.append(f"| {name} | {r['rows'][small]['ms'][name]:.1f} ms | {ms:.1f} ms | {r['ratio'][name]:.1f}x |")
+    return out + [""]
+
+
 def reliability_page() -> None:
     r = load("reliability")
     if r is None:
@@ -236,6 +250,7 @@ SECTIONS = [
     (("reward_curve",), section_curve),
     (("memory",), section_memory),
     (("learning",), section_learning),
+    (("viewer",), section_viewer),
 ]
 
 EXAMPLES = [

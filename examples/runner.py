@@ -125,6 +125,7 @@ def where_next(model: art.TrainableModel, step: int) -> None:
               "next:",
               f"  {artsdk} trajectories list --project {model.project}    # the newest rollouts, rewards, errors",
               f"  {artsdk} trajectories show <id>                     # one conversation, call by call",
+              f"  {artsdk} view                                       # reward curve, groups, chats, comparisons in a browser",
               "  run this command again to start fresh, or with --resume to continue training"]
     print("\n".join(lines), flush=True)
 

@@ -71,6 +71,10 @@ def prepare(engine: sa.engine.Engine, path: Optional[Path], where: str, allow_fo
             with engine.connect() as conn:
                 conn.exec_driver_sql("PRAGMA journal_mode=WAL")
         T.metadata.create_all(engine)
+        with engine.begin() as conn:  # indexes added since a store was made (create_all adds only new tables)
+            for table in T.metadata.tables.values():
+                for index in table.indexes:
+                    index.create(conn, checkfirst=True)
         with engine.begin() as conn:
             if conn.execute(sa.text("SELECT 1 FROM art_meta WHERE key='schema_version'")).first() is None:
                 conn.execute(sa.insert(T.MetaRow.__table__),

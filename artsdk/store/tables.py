@@ -59,6 +59,7 @@ class StepRow(_Table, table=True):
 
 class GroupRow(_Table, table=True):
     __tablename__ = "art_groups"
+    __table_args__ = (Index("ix_art_groups_pms", "project", "model", "step"),)
     id: str = Field(primary_key=True)
     project: Optional[str] = Field(default=None, index=True)
     model: Optional[str] = None

@@ -1,0 +1,1 @@
+"""``artsdk view``: a local web page over the trajectory store (see ``app.py``)."""

@@ -1,0 +1,233 @@
+// artsdk view: one page, state in the address (#/view?key=value...), data from /api.
+"use strict";
+
+const main = document.getElementById("main");
+const crumbs = document.getElementById("crumbs");
+let refresh = null; // the model page polls while a run is going
+
+function el(tag, attrs = {}, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") e.className = v;
+    else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else if (v !== undefined && v !== null) e.setAttribute(k, v);
+  }
+  for (const c of children.flat()) if (c !== null && c !== undefined) e.append(c instanceof Node ? c : String(c));
+  return e;
+}
+const svg = (tag, attrs = {}, ...children) => {
+  const e = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  for (const c of children.flat()) if (c) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return e;
+};
+const fmt = (x, d = 3) => (x === null || x === undefined || Number.isNaN(x)) ? "–" : Number(x).toFixed(d);
+const link = (view, params, text) => el("a", { href: "#/" + view + "?" + new URLSearchParams(params) }, text);
+
+async function api(path, params = {}) {
+  const q = new URLSearchParams(Object.entries(params).filter(([, v]) => v !== "" && v !== null && v !== undefined));
+  const r = await fetch("/api/" + path + (q.toString() ? "?" + q : ""));
+  if (!r.ok) throw new Error((await r.json()).detail || r.statusText);
+  return r.json();
+}
+
+function route() {
+  clearInterval(refresh);
+  const [view, query] = (location.hash.replace(/^#\/?/, "") || "").split("?");
+  const params = Object.fromEntries(new URLSearchParams(query || ""));
+  const pages = { "": projects, model: model, step: step, trajectory: trajectory, trajectories: trajectories,
+                  compare: compare };
+  crumbs.replaceChildren();
+  (pages[view] || projects)(params).catch(e => main.replaceChildren(el("p", { class: "error" }, "error: " + e.message)));
+}
+window.addEventListener("hashchange", route);
+route();
+
+function setCrumbs(p) {
+  const parts = [];
+  if (p.project !== undefined) parts.push(el("span", {}, p.project || "(no project)"));
+  if (p.model) parts.push(link("model", { project: p.project, model: p.model }, p.model));
+  if (p.step !== undefined) parts.push(link("step", { project: p.project, model: p.model, step: p.step }, "step " + p.step));
+  crumbs.replaceChildren(...parts.flatMap((x, i) => i ? [" / ", x] : [x]));
+}
+
+// -- projects and models ------------------------------------------------------------------
+async function projects() {
+  const data = await api("projects");
+  const rows = data.flatMap(p => p.models.map(m => el("tr", {},
+    el("td", {}, p.project), el("td", {}, m.model ? link("model", { project: p.project, model: m.model }, m.model) : el("span", { class: "muted" }, "(no trainable model)")),
+    el("td", {}, m.base_model || "–"), el("td", {}, m.last_step ?? "–"),
+    el("td", {}, link("trajectories", { project: p.project, ...(m.model ? { model: m.model } : {}) }, m.trajectories)))));
+  main.replaceChildren(el("h1", {}, "Projects and models"), data.length ? el("table", { id: "projects" },
+    el("tr", {}, ...["project", "model", "base model", "last step", "trajectories"].map(h => el("th", {}, h))), rows)
+    : el("p", { class: "muted" }, "The store is empty: run some rollouts first."));
+}
+
+// -- a model: the reward curve and the training metrics -----------------------------------
+function lineChart(title, points, opts = {}) {
+  const W = 320, H = 170, L = 36, R = 8, T = 10, B = 22;
+  const xs = points.map(p => p.x), ys = points.flatMap(p => [p.y, p.lo ?? p.y, p.hi ?? p.y]).filter(v => v !== null && !Number.isNaN(v));
+  const box = el("div", { class: "chart card", "data-chart": opts.id || title }, el("h3", {}, title));
+  if (!points.length || !ys.length) { box.append(el("p", { class: "muted" }, "no data yet")); return box; }
+  const x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = Math.min(...ys), y1 = Math.max(...ys);
+  const sx = x => L + (x1 === x0 ? (W - L - R) / 2 : (x - x0) / (x1 - x0) * (W - L - R));
+  const sy = y => T + (y1 === y0 ? (H - T - B) / 2 : (1 - (y - y0) / (y1 - y0)) * (H - T - B));
+  const g = svg("svg", { viewBox: `0 0 ${W} ${H}` },
+    svg("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }), svg("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }),
+    svg("text", { x: 2, y: T + 8 }, fmt(y1, 2)), svg("text", { x: 2, y: H - B }, fmt(y0, 2)),
+    svg("text", { x: L, y: H - 6 }, "step " + x0), svg("text", { x: W - R - 40, y: H - 6 }, "step " + x1));
+  if (points.some(p => p.lo !== undefined)) {
+    const up = points.map(p => `${sx(p.x)},${sy(p.hi)}`), down = points.slice().reverse().map(p => `${sx(p.x)},${sy(p.lo)}`);
+    g.append(svg("polygon", { class: "band", points: up.concat(down).join(" ") }));
+  }
+  g.append(svg("polyline", { class: "line", points: points.map(p => `${sx(p.x)},${sy(p.y)}`).join(" ") }));
+  for (const p of points) {
+    const c = svg("circle", { class: "pt", cx: sx(p.x), cy: sy(p.y), r: 3.5, "data-step": p.x }, svg("title", {}, `step ${p.x}: ${fmt(p.y)}`));
+    if (opts.onclick) c.addEventListener("click", () => opts.onclick(p));
+    g.append(c);
+  }
+  box.append(g);
+  return box;
+}
+
+async function model(p) {
+  setCrumbs(p);
+  const draw = async () => {
+    const data = await api("curve", { project: p.project, model: p.model });
+    const pts = data.points.filter(q => q.mean !== null);
+    const curve = lineChart("mean reward (band: ± one std)", pts.map(q => ({ x: q.step, y: q.mean, lo: q.mean - (q.std || 0), hi: q.mean + (q.std || 0) })),
+      { id: "reward", onclick: q => location.hash = "#/step?" + new URLSearchParams({ project: p.project, model: p.model, step: q.x }) });
+    const metric = (name, title) => lineChart(title, data.metrics.filter(m => m[name] !== undefined).map(m => ({ x: m.step, y: m[name] })), { id: name });
+    const table = el("table", { id: "steps" }, el("tr", {}, ...["step", "trajectories", "mean", "std", "min", "max", "failed", ""].map(h => el("th", {}, h))),
+      data.points.map(q => el("tr", {}, el("td", {}, q.step), el("td", {}, q.n), el("td", {}, fmt(q.mean)), el("td", {}, fmt(q.std)),
+        el("td", {}, fmt(q.min)), el("td", {}, fmt(q.max)), el("td", {}, q.errors || ""),
+        el("td", {}, link("step", { project: p.project, model: p.model, step: q.step }, "groups"), " ",
+          link("trajectories", { project: p.project, model: p.model, min_step: q.step, max_step: q.step }, "trajectories")))));
+    main.replaceChildren(el("h1", {}, `${p.model} — reward over steps`),
+      el("div", { class: "charts" }, curve, metric("loss", "loss"), metric("clip_fraction", "clip fraction"), metric("kl", "KL"),
+        metric("tokens_trained", "tokens trained"), metric("seconds", "seconds per step")),
+      el("h2", {}, "Steps"), table);
+  };
+  await draw();
+  refresh = setInterval(() => draw().catch(() => {}), 5000); // the curve moves while a run is going
+}
+
+// -- a step: its groups --------------------------------------------------------------------
+async function step(p) {
+  setCrumbs(p);
+  const offset = Number(p.offset || 0);
+  const data = await api("groups", { project: p.project, model: p.model, step: p.step, offset });
+  const rows = data.groups.map(g => el("tr", { class: "group" + (g.no_signal ? " nosignal" : "") },
+    el("td", {}, el("code", {}, JSON.stringify(g.scenario).slice(0, 120)), g.no_signal ? el("span", { class: "flag nosignal" }, "no signal") : null),
+    el("td", {}, fmt(g.reward_mean), " ± ", fmt(g.reward_std)),
+    el("td", {}, g.trajectories.map(t => el("div", {}, link("trajectory", { id: t.id }, `#${t.group_index}`), " ", fmt(t.reward),
+      Object.keys(t.rewards).length ? el("span", { class: "muted" }, " (" + Object.entries(t.rewards).map(([k, v]) => `${k} ${fmt(v, 2)}`).join(", ") + ")") : null,
+      t.error_type ? el("span", { class: "flag error", title: t.error_message || "" }, t.error_type) : null,
+      t.incomplete ? el("span", { class: "flag incomplete" }, "incomplete") : null))),
+    el("td", {}, link("compare", { project: p.project, model: p.model, scenario: JSON.stringify(g.arguments), a: 0, b: p.step }, "compare with step 0"))));
+  main.replaceChildren(el("h1", {}, `Step ${p.step}: ${data.total} groups`),
+    el("table", { id: "groups" }, el("tr", {}, ...["scenario", "reward", "trajectories (reward, parts, flags)", ""].map(h => el("th", {}, h))), rows),
+    pager(data, "step", p));
+}
+
+function pager(data, view, p) {
+  const prev = data.offset > 0 ? link(view, { ...p, offset: Math.max(0, data.offset - data.limit) }, "← previous") : null;
+  const next = data.offset + data.limit < data.total ? link(view, { ...p, offset: data.offset + data.limit }, "next →") : null;
+  return el("div", { class: "pager" }, prev, el("span", { class: "muted" }, `${data.offset + 1}–${Math.min(data.offset + data.limit, data.total)} of ${data.total}`), next);
+}
+
+// -- trajectories: filters and a page ------------------------------------------------------
+async function trajectories(p) {
+  setCrumbs({ project: p.project, model: p.model });
+  const data = await api("trajectories", p);
+  const field = (name, label) => el("label", {}, label, el("input", { name, value: p[name] || "" }));
+  const form = el("form", { class: "filters", id: "filters", onsubmit: e => {
+    e.preventDefault();
+    const f = Object.fromEntries(new FormData(e.target).entries());
+    if (!f.errors) delete f.errors;
+    location.hash = "#/trajectories?" + new URLSearchParams(Object.entries(f).filter(([, v]) => v !== ""));
+  } }, field("project", "project"), field("model", "model"), field("rollout", "rollout"), field("min_step", "step from"),
+    field("max_step", "step to"), field("min_reward", "reward from"), field("max_reward", "reward to"),
+    el("label", {}, "errors only", el("input", { type: "checkbox", name: "errors", value: "true", ...(p.errors ? { checked: "" } : {}) })),
+    el("button", { type: "submit" }, "filter"));
+  const rows = data.rows.map(t => el("tr", { class: "traj" }, el("td", {}, link("trajectory", { id: t.id }, t.id.slice(0, 10))),
+    el("td", {}, t.rollout), el("td", {}, t.model || "–"), el("td", {}, t.step ?? "–"), el("td", {}, fmt(t.reward)),
+    el("td", {}, t.n_calls), el("td", {}, t.error_type ? el("span", { class: "flag error", title: t.error_message || "" }, t.error_type) : ""),
+    el("td", {}, new Date(t.started_at * 1000).toLocaleString())));
+  main.replaceChildren(el("h1", {}, `Trajectories (${data.total})`), form,
+    el("table", { id: "trajectories" }, el("tr", {}, ...["id", "rollout", "model", "step", "reward", "calls", "", "started"].map(h => el("th", {}, h))), rows),
+    pager(data, "trajectories", p));
+}
+
+// -- one trajectory as a chat ----------------------------------------------------------------
+function content(c) {
+  if (c === null || c === undefined) return "";
+  if (typeof c === "string") return c;
+  return c.map(part => part.text ?? JSON.stringify(part)).join("");
+}
+
+function message(m) {
+  const box = el("div", { class: "msg " + m.role }, el("span", { class: "role" }, m.role + (m.tool_call_id ? ` (${m.tool_call_id})` : "")), content(m.content));
+  for (const tc of m.tool_calls || []) box.append(el("div", { class: "toolcall" }, `→ ${tc.function.name}(${tc.function.arguments})` + (tc.id ? `  [${tc.id}]` : "")));
+  return box;
+}
+
+function tokens(choice) {
+  if (!choice.token_ids || !choice.logprobs) return null;
+  const texts = choice.token_texts || choice.token_ids.map(i => `⟨${i}⟩`);
+  return el("div", { class: "tokens" }, texts.map((t, i) => {
+    const p = Math.exp(choice.logprobs[i]);  // likely tokens pale, unlikely ones red
+    return el("span", { class: "tok", style: `background: rgba(192,57,43,${(1 - p) * 0.55})`, title: `id ${choice.token_ids[i]} · logprob ${fmt(choice.logprobs[i])} · p ${fmt(p)}` }, t);
+  }));
+}
+
+function chat(t) {
+  const out = [];
+  let shown = 0, lastAnswer = null; // each call repeats the conversation so far: show only what is new
+  for (const call of t.calls) {
+    out.push(el("div", { class: "callhead" }, `call ${call.index}: ${call.provider} → ${call.served_by || call.model}`,
+      ` · ${fmt(call.latency * 1000, 0)} ms`, call.stream ? " · streamed" : "",
+      call.incomplete ? el("span", { class: "flag incomplete" }, "incomplete") : null, call.error ? el("span", { class: "flag error" }, call.error) : null));
+    let from = call.messages.length >= shown ? shown : 0;
+    // the previous answer as the agent sent it back (with the tool calls it parsed, say): shown when it differs
+    const resent = from > 0 ? call.messages[from - 1] : null;
+    if (resent && lastAnswer && (JSON.stringify(resent.tool_calls || null) !== JSON.stringify(lastAnswer.tool_calls || null)
+                                 || content(resent.content) !== content(lastAnswer.content))) from -= 1;
+    out.push(...call.messages.slice(from).map(message));
+    const choice = call.choices[0];
+    if (choice) { out.push(message(choice.message)); const toks = tokens(choice); if (toks) out.push(toks); }
+    shown = call.messages.length + (choice ? 1 : 0);
+    lastAnswer = choice ? choice.message : null;
+  }
+  return el("div", { class: "chat" }, out);
+}
+
+async function trajectory(p) {
+  const t = await api("trajectories/" + encodeURIComponent(p.id));
+  setCrumbs({ project: t.project, model: t.model, ...(t.step !== null && t.model ? { step: t.step } : {}) });
+  main.replaceChildren(el("h1", {}, `Trajectory ${t.id.slice(0, 10)} — ${t.rollout}`),
+    el("div", { class: "card" }, `reward ${fmt(t.reward)}`,
+      Object.keys(t.rewards).length ? ` (${Object.entries(t.rewards).map(([k, v]) => `${k} ${fmt(v, 2)}`).join(", ")})` : "",
+      ` · step ${t.step ?? "–"} · ${t.calls.length} calls · ${fmt(t.duration, 2)} s`,
+      t.error ? el("div", { class: "flag error" }, `${t.error.type}: ${t.error.message}`) : null,
+      el("div", { class: "muted" }, "scenario ", el("code", {}, JSON.stringify(t.scenario)), " · outcome ", el("code", {}, JSON.stringify(t.outcome))),
+      t.warnings.length ? el("div", { class: "muted" }, t.warnings.join(" · ")) : null),
+    chat(t));
+}
+
+// -- one scenario at two steps ------------------------------------------------------------
+async function compare(p) {
+  setCrumbs({ project: p.project, model: p.model });
+  const data = await api("compare", p);
+  const column = (side, stepN) => el("div", { class: "column", "data-side": side }, el("h2", {}, `step ${stepN} (${data[side].length})`),
+    data[side].length ? data[side].map(t => el("div", { class: "card" }, link("trajectory", { id: t.id }, t.id.slice(0, 10)), ` reward ${fmt(t.reward)}`, chat(t)))
+      : el("p", { class: "muted" }, "no trajectory of this scenario at this step"));
+  const pick = el("form", { class: "filters", onsubmit: e => {
+    e.preventDefault();
+    const f = Object.fromEntries(new FormData(e.target).entries());
+    location.hash = "#/compare?" + new URLSearchParams({ ...p, ...f });
+  } }, el("label", {}, "step", el("input", { name: "a", value: p.a })), el("label", {}, "against step", el("input", { name: "b", value: p.b })),
+    el("button", { type: "submit" }, "compare"));
+  main.replaceChildren(el("h1", {}, "Compare: ", el("code", {}, p.scenario)), pick,
+    el("div", { class: "columns", id: "compare" }, column("a", p.a), column("b", p.b)));
+}

@@ -1,0 +1,266 @@
+"""`artsdk view` and the trackers, against a store filled by a real short run on the tiny
+model: the JSON API, the metrics in TensorBoard, W&B (offline) and MLflow, and the page
+itself driven by headless Chromium (from the system packages), all on 127.0.0.1.
+Screenshots of each view land in $ARTSDK_TEST_ARTIFACTS (default .artifacts/)."""
+
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import artsdk as art
+
+pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = Path(os.environ.get("ARTSDK_TEST_ARTIFACTS", ROOT / ".artifacts")) / "viewer"
+STEPS = 3
+
+
+def tool_agent(client):
+    """The tiny model answers; the agent then runs its search tool and asks again with the
+    result (a tool call and its result in the conversation, as agents do)."""
+    @art.rollout
+    async def researcher(q: int) -> str:
+        messages = [{"role": "user", "content": f"find item {q}"}]
+        first = await client.chat.completions.create(model="viewer", messages=messages, max_tokens=6)
+        call = {"id": f"call_{q}", "type": "function", "function": {"name": "search", "arguments": json.dumps({"q": q})}}
+        messages += [{"role": "assistant", "content": first.choices[0].message.content, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": f"call_{q}", "content": f"item {q} is on shelf {q % 3}"}]
+        second = await client.chat.completions.create(model="viewer", messages=messages, max_tokens=6)
+        return second.choices[0].message.content or ""
+
+    return researcher
+
+
+@art.reward
+def first_token(t: art.Trajectory) -> float:
+    return t.calls[-1].choices[0].token_ids[0] / 1000
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A real run: 3 GRPO steps on the tiny model, with every tracker on; its store."""
+    import anyio
+    from openai import AsyncOpenAI
+
+    from backends.local import LocalBackend
+
+    home = tmp_path_factory.mktemp("viewer")
+
+    async def go():
+        art.configure(home=str(home), store=str(home / "store.db"), trackers=["tensorboard", "wandb", "mlflow"],
+                      tracker_options={"wandb": {"mode": "offline"}}, progress=False)
+        client = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused")
+        agent = tool_agent(client)
+        be = LocalBackend(device="cpu")
+        async with art.session(art.TrainableModel("viewer", base_model="tiny", project="lab"), backend=be) as session:
+            for _ in range(STEPS):
+                groups = await art.gather(agent, range(3), group_size=3, rewards=[first_token])
+                assert (await session.train(groups)).trained
+            await art.gather(agent, range(3), group_size=3, rewards=[first_token])  # at the last step too
+        await be.close()
+        await client.close()
+        art.configure(trackers=None, tracker_options=None)
+
+    os.environ["WANDB_SILENT"] = "true"
+    anyio.run(go)
+    yield home
+    art.configure(home=None, store=None, progress=None)
+
+
+@pytest.fixture(scope="module")
+def viewer(run):
+    import uvicorn
+
+    from artsdk.viewer.app import build_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(build_app(art.Store(str(run / "store.db"))), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+# -- the JSON API -------------------------------------------------------------------------
+
+def test_api_projects_curve_groups_trajectories_compare(viewer):
+    api = httpx.Client(base_url=viewer + "/api")
+    (lab,) = [p for p in api.get("/projects").json() if p["project"] == "lab"]
+    assert lab["models"] == [{"model": "viewer", "trajectories": 9 * (STEPS + 1), "last_step": STEPS, "base_model": "tiny"}]
+    curve = api.get("/curve", params={"project": "lab", "model": "viewer"}).json()
+    assert [p["step"] for p in curve["points"]] == list(range(STEPS + 1)) and all(p["n"] == 9 for p in curve["points"])
+    assert [m["step"] for m in curve["metrics"]] == list(range(1, STEPS + 1))
+    assert {"loss", "clip_fraction", "kl", "tokens_trained", "seconds"} <= set(curve["metrics"][0])
+    groups = api.get("/groups", params={"project": "lab", "model": "viewer", "step": 1}).json()
+    assert groups["total"] == 3 and all(len(g["trajectories"]) == 3 for g in groups["groups"])
+    assert all("first_token" in t["rewards"] for g in groups["groups"] for t in g["trajectories"])
+    page = api.get("/trajectories", params={"project": "lab", "min_step": 2, "limit": 4}).json()
+    assert page["total"] == 18 and len(page["rows"]) == 4 and all(r["step"] >= 2 for r in page["rows"])
+    best = max(r["reward"] for r in api.get("/trajectories", params={"project": "lab", "limit": 100}).json()["rows"])
+    assert api.get("/trajectories", params={"min_reward": best}).json()["total"] >= 1
+    assert api.get("/trajectories", params={"project": "lab", "errors": True}).json()["total"] == 0
+    one = api.get("/trajectories/" + page["rows"][0]["id"]).json()
+    choice = one["calls"][1]["choices"][0]
+    assert len(choice["token_texts"]) == len(choice["token_ids"])  # the tiny model's tokenizer, found in the cache
+    assert one["calls"][1]["messages"][1]["tool_calls"][0]["function"]["name"] == "search"
+    scenario = json.dumps(one["scenario"])
+    both = api.get("/compare", params={"project": "lab", "model": "viewer", "scenario": scenario, "a": 0, "b": STEPS}).json()
+    assert len(both["a"]) == 3 and len(both["b"]) == 3 and {t["step"] for t in both["b"]} == {STEPS}
+    assert api.get("/trajectories/nope-not-there").status_code == 404
+
+
+def test_a_key_is_required_when_configured(run):
+    from fastapi.testclient import TestClient
+
+    from artsdk.viewer.app import build_app
+
+    client = TestClient(build_app(art.Store(str(run / "store.db")), api_key="s3cret"))
+    assert client.get("/api/projects").status_code == 401
+    assert client.get("/api/projects", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    r = client.get("/?key=s3cret", follow_redirects=False)
+    assert r.status_code == 303 and "key=" not in r.headers["location"]
+    assert client.get("/api/projects").status_code == 200  # the cookie it set
+
+
+# -- trackers -----------------------------------------------------------------------------
+
+def test_metrics_reached_tensorboard_wandb_and_mlflow(run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard" / "lab" / "viewer"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss")] == list(range(1, STEPS + 1))
+    assert {"reward_mean", "clip_fraction", "tokens_trained"} <= set(events.Tags()["scalars"])
+
+    from mlflow import MlflowClient
+
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=(run / "mlruns").resolve().as_uri())
+    (experiment,) = [e for e in client.search_experiments() if e.name == "lab"]
+    (mlrun,) = client.search_runs([experiment.experiment_id])
+    assert mlrun.info.run_name == "viewer" and mlrun.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(mlrun.info.run_id, "loss")] == list(range(1, STEPS + 1))
+
+    (offline,) = list((run / "wandb").glob("offline-run-*"))
+    (history,) = list(offline.glob("*.wandb"))
+    from wandb.proto import wandb_internal_pb2
+
+    logged = []
+    for data in wandb_records(history):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        if record.WhichOneof("record_type") == "history":
+            items = {i.key or "/".join(i.nested_key): i.value_json for i in record.history.item}
+            if "loss" in items:
+                logged.append(int(items["_step"]))
+    assert logged == list(range(1, STEPS + 1))
+
+
+def wandb_records(path):
+    """The records of an offline W&B run file (the LevelDB log format W&B writes: a 7-byte
+    file header, then 32 KiB blocks of records with a 7-byte header each)."""
+    data, block, pos, pending = path.read_bytes(), 32768, 7, b""
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind == 0:
+            break
+        if kind == 1:  # a whole record
+            yield chunk
+        elif kind == 2:  # first, middle, last pieces of one that spans blocks
+            pending = chunk
+        elif kind == 3:
+            pending += chunk
+        elif kind == 4:
+            yield pending + chunk
+
+
+# -- the page in a real browser ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def browser():
+    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (chromium and driver_path):
+        pytest.skip("needs Chromium and ChromeDriver from the system packages (apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1280,1000"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(driver_path), options=opts)
+    driver.set_page_load_timeout(30)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    yield driver
+    driver.quit()
+
+
+def wait_for(driver, css, count=None, timeout=15):
+    from selenium.webdriver.common.by import By
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = driver.find_elements(By.CSS_SELECTOR, css)
+        if found and (count is None or len(found) == count):
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"{css}: found {len(driver.find_elements(By.CSS_SELECTOR, css))}, wanted {count or 'some'}")
+
+
+def test_the_page_shows_curve_groups_chat_compare_and_filters(viewer, browser):
+    from selenium.webdriver.common.by import By
+
+    browser.get(viewer + "/")
+    wait_for(browser, "#projects a")
+    browser.save_screenshot(str(ARTIFACTS / "projects.png"))
+    browser.find_element(By.LINK_TEXT, "viewer").click()
+    points = wait_for(browser, "[data-chart=reward] circle.pt", count=STEPS + 1)  # one point per step
+    wait_for(browser, "[data-chart=loss] circle.pt", count=STEPS)
+    browser.save_screenshot(str(ARTIFACTS / "curve.png"))
+    points[1].click()  # step 1: its groups
+    groups = wait_for(browser, "#groups tr.group", count=3)
+    assert "step=1" in browser.current_url and len(groups[0].find_elements(By.CSS_SELECTOR, "a")) >= 3
+    browser.save_screenshot(str(ARTIFACTS / "groups.png"))
+    groups[0].find_element(By.PARTIAL_LINK_TEXT, "#").click()  # one trajectory as a chat
+    wait_for(browser, ".msg.tool")
+    text = browser.find_element(By.ID, "main").text
+    assert "→ search(" in text and "shelf" in text  # its tool call and the tool's result
+    assert browser.find_elements(By.CSS_SELECTOR, ".tokens .tok")  # sampled tokens, shaded by logprob
+    browser.save_screenshot(str(ARTIFACTS / "trajectory.png"))
+    browser.back()
+    wait_for(browser, "#groups tr.group", count=3)[0].find_element(By.PARTIAL_LINK_TEXT, "compare").click()
+    columns = wait_for(browser, "#compare .column", count=2)
+    assert all(c.find_elements(By.CSS_SELECTOR, ".card") for c in columns)  # step 0 and step 1, side by side
+    browser.save_screenshot(str(ARTIFACTS / "compare.png"))
+    link = browser.current_url  # state in the address: the same view from a fresh load
+    browser.get("about:blank")
+    browser.get(link)
+    assert len(wait_for(browser, "#compare .column", count=2)) == 2
+    browser.get(viewer + "/#/trajectories?project=lab")
+    everything = len(wait_for(browser, "#trajectories tr.traj"))
+    field = browser.find_element(By.CSS_SELECTOR, "#filters input[name=min_step]")
+    field.send_keys(str(STEPS))
+    browser.find_element(By.CSS_SELECTOR, "#filters button").click()
+    filtered = wait_for(browser, "#trajectories tr.traj", count=9)
+    assert len(filtered) < everything and f"min_step={STEPS}" in browser.current_url
+    browser.save_screenshot(str(ARTIFACTS / "trajectories.png"))
