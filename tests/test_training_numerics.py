@@ -25,6 +25,14 @@ def make_backend(tmp_path, **kw):
     return LocalBackend(device="cpu", home=str(tmp_path / "home"), **kw)
 
 
+async def tiny(tmp_path, name, **train):
+    """A local backend serving the tiny model as ``name``: (backend, model, its ServedModel)."""
+    be = make_backend(tmp_path)
+    model = art.TrainableModel(name, base_model="tiny", config={"train": train} if train else {})
+    await be.register(model)
+    return be, model, be.models[name]
+
+
 def traj(served, completions, reward, *, prompt=None, logprobs=None, model=None, params=None):
     """A trajectory of one call per completion (each a new conversation with the same prompt)."""
     prompt = prompt if prompt is not None else served.chat.prompt_ids(PROMPT)
@@ -137,10 +145,7 @@ async def test_ratio_is_one_and_the_sampler_gap_is_corrected(tmp_path, loss):
     """Recorded logprobs far from the trainer's (-6 for every token) used to be the ratio's
     denominator: most tokens were clipped before any update. Now the ratio is the trainer's own
     (exactly 1), the gap is a truncated importance weight, and it is reported."""
-    be = make_backend(tmp_path)
-    model = art.TrainableModel("o", base_model="tiny", config={"train": {"loss": loss}})
-    await be.register(model)
-    served = be.models["o"]
+    be, model, served = await tiny(tmp_path, "o", loss=loss)
     groups = [art.Group(trajectories=[traj(served, [[10, 11, 12, 13]], r, logprobs=[-6.0] * 4)
                                       for r in (1.0, 0.0, 0.3)])]
     m = (await be.train(model, groups)).metrics
@@ -152,10 +157,7 @@ async def test_ratio_is_one_and_the_sampler_gap_is_corrected(tmp_path, loss):
 
 
 async def test_importance_weight_is_truncated_at_the_cap(tmp_path):
-    be = make_backend(tmp_path)
-    model = art.TrainableModel("c", base_model="tiny")
-    await be.register(model)
-    served = be.models["c"]
+    be, model, served = await tiny(tmp_path, "c")
     unlikely = [traj(served, [[10, 11, 12]], r, logprobs=[-30.0] * 3) for r in (1.0, 0.0)]
     capped, m = gradient(served, [art.Group(trajectories=unlikely)], is_cap=2.0)
     assert m["is_truncated"] == 1.0 and m["is_weight_mean"] == pytest.approx(2.0)
@@ -168,10 +170,7 @@ async def test_importance_weight_is_truncated_at_the_cap(tmp_path):
 # -- 4. calls other models answered are context -----------------------------------------
 
 async def test_calls_to_other_models_are_not_trained(tmp_path):
-    be = make_backend(tmp_path)
-    model = art.TrainableModel("me", base_model="tiny")
-    await be.register(model)
-    served = be.models["me"]
+    be, model, served = await tiny(tmp_path, "me")
     trajs = []
     for r in (1.0, 0.0):
         t = traj(served, [[10, 11, 12]], r)
@@ -190,10 +189,7 @@ async def test_calls_to_other_models_are_not_trained(tmp_path):
 # -- 5. temperature ---------------------------------------------------------------------
 
 async def test_tempered_logprobs_are_recorded_and_trained(tmp_path):
-    be = make_backend(tmp_path)
-    model = art.TrainableModel("t", base_model="tiny")
-    await be.register(model)
-    served = be.models["t"]
+    be, model, served = await tiny(tmp_path, "t")
     prompt = served.chat.prompt_ids(PROMPT)
     out = served.submit(Request(prompt=prompt, max_tokens=8, temperature=0.5, seed=1)).result(60)[0]
     ids = torch.tensor(prompt + out.token_ids)
@@ -216,10 +212,7 @@ async def test_tempered_logprobs_are_recorded_and_trained(tmp_path):
 async def test_gradient_is_the_mean_over_all_scored_trajectories(tmp_path, loss):
     """The gradient of two groups together is the weighted mean of each one's: a
     zero-advantage trajectory counts, and dr_grpo's normaliser does not depend on the batch."""
-    be = make_backend(tmp_path)
-    model = art.TrainableModel("n", base_model="tiny")
-    await be.register(model)
-    served = be.models["n"]
+    be, model, served = await tiny(tmp_path, "n")
     g1 = art.Group(trajectories=[traj(served, [[10, 11]], 1.0), traj(served, [[12, 13, 14]], 0.0),
                                  traj(served, [[15, 16, 17, 18]], 0.5)])  # the last has advantage 0
     g2 = art.Group(trajectories=[traj(served, [[20, 21, 22, 23, 24, 25]], 1.0),
@@ -237,10 +230,7 @@ async def test_gradient_is_the_mean_over_all_scored_trajectories(tmp_path, loss)
 
 @pytest.mark.parametrize("loss", ["grpo", "gspo"])
 async def test_a_trajectory_split_in_segments_weighs_what_it_would_in_one(tmp_path, loss):
-    be = make_backend(tmp_path)
-    model = art.TrainableModel("s", base_model="tiny")
-    await be.register(model)
-    served = be.models["s"]
+    be, model, served = await tiny(tmp_path, "s")
     whole = [traj(served, [[10, 11, 12]], 1.0), traj(served, [[20, 21]], 0.0)]
     # the same answer twice, in two calls whose prompts do not extend each other: two segments
     split = [traj(served, [[10, 11, 12], [10, 11, 12]], 1.0), traj(served, [[20, 21]], 0.0)]
