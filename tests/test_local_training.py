@@ -9,6 +9,7 @@ from openai import AsyncOpenAI
 
 import artsdk as art
 from artsdk.testing import trajectory
+from tests.conftest import ENGINES
 from tests.learning import learn_to_say
 
 from backends.local import LocalBackend
@@ -21,10 +22,12 @@ def make_backend(tmp_path, **kw):
     return LocalBackend(device="cpu", home=str(tmp_path / "home"), **kw)
 
 
-async def test_full_loop_learns_to_answer_with_a_word(tmp_path, art_store):
-    """gather -> train -> hot-swap -> gather, until the model says the word."""
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_full_loop_learns_to_answer_with_a_word(tmp_path, art_store, engine):
+    """gather -> train -> hot-swap -> gather, until the model says the word, with either
+    engine sampling."""
     torch.manual_seed(0)
-    be = make_backend(tmp_path)
+    be = make_backend(tmp_path, engine=engine)
     model = art.TrainableModel("toy", base_model="tiny", project="learn",
                                config={"train": {"learning_rate": 2e-2}})
     client = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused", max_retries=0)
@@ -48,6 +51,8 @@ async def test_full_loop_learns_to_answer_with_a_word(tmp_path, art_store):
     assert max(curve) > 0.8, f"reward curve {curve} for word {word!r}"
     steps = art_store.steps("learn", "toy")
     assert len(steps) == len(curve) - 1 and "clip_fraction" in steps[0]["metrics"]
+    # the sampler's logprobs are the trainer's (fp32): token-exact, whichever engine sampled
+    assert all(s["metrics"]["logprob_mismatch"] < 1e-4 for s in steps), [s["metrics"]["logprob_mismatch"] for s in steps]
     # the trajectories trained on carried the exact sampled tokens
     t = art_store.trajectories(project="learn", limit=1)[0]
     assert t.calls[0].choices[0].trainable and t.calls[0].prompt_token_ids

@@ -11,6 +11,7 @@ from openai import AsyncOpenAI
 
 import artsdk as art
 from artsdk.testing import trajectory
+from tests.conftest import ENGINES
 
 from backends.local import LocalBackend
 from backends.local import served as served_module
@@ -74,8 +75,9 @@ def gradient(served, groups, **cfg):
 
 # -- 1. a request that arrives during a training step -----------------------------------
 
-async def test_request_arriving_during_a_step_keeps_its_adapter(tmp_path, monkeypatch):
-    be = make_backend(tmp_path)
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_request_arriving_during_a_step_keeps_its_adapter(tmp_path, monkeypatch, engine):
+    be = make_backend(tmp_path, engine=engine)
     model = art.TrainableModel("busy", base_model="tiny")
     endpoint = await be.register(model)
     served = be.models["busy"]
@@ -94,18 +96,27 @@ async def test_request_arriving_during_a_step_keeps_its_adapter(tmp_path, monkey
     client = AsyncOpenAI(base_url=endpoint.base_url, api_key="x", max_retries=0)
     training = asyncio.create_task(be.train(model, groups))
     await asyncio.to_thread(started.wait, 30)
-    asking = asyncio.create_task(client.chat.completions.create(model="busy", messages=PROMPT, max_tokens=4))
-    for _ in range(200):  # the request has reached the engine and waits for the step to end
-        if served.pins.get(1) or asking.done():
+    asking = [asyncio.create_task(client.chat.completions.create(model="busy", messages=PROMPT, max_tokens=4))
+              for _ in range(8)]
+    for _ in range(200):  # the requests have reached the engine (the built-in one waits for the step)
+        if served.pins.get(1) or all(a.done() for a in asking):
             break
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.2)
     release.set()
     result = await training
-    answer = await asking  # failed with KeyError: 1 when step 1's adapter was retired under it
+    answers = await asyncio.gather(*asking)  # failed with KeyError: 1 when step 1's adapter was retired under them
     assert result.step == 2
-    assert answer.model == "busy@1"  # pinned when it arrived, answered by that adapter
+    assert {a.model for a in answers} == {"busy@1"}  # pinned when they arrived, answered by that adapter
     assert served.pins == {} and served.serving == {0, 2}  # then step 1 was let go
+    after = await client.chat.completions.create(model="busy", messages=PROMPT, max_tokens=4)
+    assert after.model == "busy@2"
+    if engine == "vllm":  # and unloaded from vLLM, the new one loaded
+        for _ in range(100):
+            if served.engine.loaded() == {"busy", "busy@2"}:
+                break
+            await asyncio.sleep(0.05)
+        assert served.engine.loaded() == {"busy", "busy@2"}
     await client.close()
     await be.close()
 

@@ -1,5 +1,7 @@
-"""The inference engine: one thread that batches concurrent requests into shared forward
-passes and samples tokens, recording each sampled token id and its logprob.
+"""The built-in inference engine: one thread that batches concurrent requests into shared
+forward passes and samples tokens, recording each sampled token id and its logprob. (The
+other engine, vllm_engine.py, drives vLLM in a process of its own; both answer ``submit``,
+``publish``, ``retire``, ``training`` and ``close`` the same way.)
 
 Requests that arrive while a batch is running wait for the next batch (dynamic batching).
 Each request names the adapter step it runs on; the model that owns the engine pins that
@@ -22,8 +24,10 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -32,6 +36,10 @@ QUIET, GATHER = 0.005, 0.03
 # Temperatures below this sample as if they were this: dividing logits by 1e-300 overflows,
 # and below 0.01 the distribution is one token anyway. (0 means greedy.)
 MIN_TEMPERATURE = 0.01
+
+
+class EngineRefused(ValueError):
+    """The engine will not run this request as asked (the server answers 400 with why)."""
 
 
 @dataclass
@@ -62,7 +70,9 @@ class Request:
 
 
 @dataclass
-class _Seq:
+class Seq:
+    """One choice of a request being decoded."""
+
     req: Request
     index: int
     out: Completion = field(default_factory=Completion)
@@ -72,17 +82,21 @@ class _Seq:
 
 
 class Engine:
+    """The built-in engine (see the module docs). Shares ``model`` -- a peft model whose
+    ``policy`` adapter is trained -- with the trainer."""
+
     def __init__(self, model: Any, tokenizer: Any, stop_ids: list[int], device: str, *,
-                 max_batch: int = 64, adapter_for: Callable[[int], Optional[str]] = lambda s: None,
-                 merger: Any = None) -> None:
+                 max_batch: int = 64, merger: Any = None) -> None:
         self.model = model
         self.tok = tokenizer
         self.stop_ids = set(stop_ids)
         self.device = device
         self.max_batch = max_batch
-        self.adapter_for = adapter_for  # step -> adapter name (None: the base model)
         self.merger = merger  # merges the served adapter into the weights (see merge.py)
         self.lock = threading.RLock()
+        self.slots: dict[int, str] = {}  # step -> serving adapter
+        self.free: list[str] = []  # serving adapters no step uses any more
+        self._slots_lock = threading.Lock()
         self._queue: "queue.Queue[Optional[Request]]" = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="artsdk-engine", daemon=True)
         self._thread.start()
@@ -97,6 +111,46 @@ class Engine:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(30)
+
+    # -- adapters: each served step is a copy of the policy adapter --------------------------
+
+    def publish(self, step: int, folder: Optional[Path] = None) -> None:
+        """Serve the policy adapter's current weights as ``step``. Adapters of retired steps
+        are reused: creating one allocates and initialises a LoRA pair in every layer.
+        (``folder``, the step's checkpoint, is not needed: the weights are in memory.)"""
+        with self.lock:
+            with self._slots_lock:
+                name = self.free.pop() if self.free else None
+            if name is None:
+                name = f"s{len(self.model.peft_config)}"
+                while name in self.model.peft_config:
+                    name += "x"
+                self.model.add_adapter(name, self.model.peft_config["policy"])
+            params = dict(self.model.named_parameters())
+            with torch.no_grad():
+                for key, p in params.items():
+                    if f".{name}." in key:
+                        p.copy_(params[key.replace(f".{name}.", ".policy.")])
+            with self._slots_lock:
+                self.slots[step] = name
+
+    def retire(self, step: int) -> None:
+        """``step`` will not be asked for again: its adapter is free for reuse."""
+        with self._slots_lock:
+            if step in self.slots:
+                self.free.append(self.slots.pop(step))
+
+    def adapter_for(self, step: int) -> Optional[str]:
+        return None if step == 0 else self.slots[step]
+
+    @contextmanager
+    def training(self) -> Iterator[None]:
+        """Generation waits while the weights change; the base weights are restored (the
+        trainer and its KL reference need them)."""
+        with self.lock:
+            if self.merger is not None:
+                self.merger.restore()
+            yield
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -160,7 +214,7 @@ class Engine:
                 g = None
                 if r.seed is not None:
                     g = torch.Generator(device="cpu").manual_seed((r.seed + i) % 2**63)
-                seqs.append(_Seq(r, i, generator=g))
+                seqs.append(Seq(r, i, generator=g))
         with self.lock:
             self._decode(seqs, step)
         for r in reqs:
@@ -184,7 +238,7 @@ class Engine:
         model.set_adapter(adapter)
         return _null()
 
-    def _decode(self, seqs: list[_Seq], step: int) -> None:
+    def _decode(self, seqs: list[Seq], step: int) -> None:
         model = self.model
         ctx = self.serving(step)
         # each distinct prompt is run once (a GRPO group, or n > 1, repeats one prompt); its
@@ -219,7 +273,7 @@ class Engine:
                 finished_rows = []
                 for row, i in enumerate(alive):
                     s = seqs[i]
-                    if self._append(s, int(tokens[row]), float(logprobs[row])):
+                    if append(s, int(tokens[row]), float(logprobs[row]), self.tok, self.stop_ids):
                         finished_rows.append(row)
                 self.stats["tokens"] += len(alive)
                 if finished_rows:
@@ -242,7 +296,7 @@ class Engine:
                 seqs[i].done = True
 
     def _sample(self, logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor,
-                seqs: list[_Seq]) -> tuple[torch.Tensor, torch.Tensor]:
+                seqs: list[Seq]) -> tuple[torch.Tensor, torch.Tensor]:
         greedy = temps <= 0
         scaled = logits / torch.where(greedy, torch.ones_like(temps), temps.clamp(min=MIN_TEMPERATURE))[:, None]
         # logprobs of the tempered distribution (greedy rows: temperature 1): what the trainer recomputes
@@ -267,44 +321,45 @@ class Engine:
         tokens = torch.where(greedy, scaled.argmax(-1), picked)
         return tokens, logprobs_all.gather(-1, tokens[:, None])[:, 0]
 
-    def _append(self, s: _Seq, token: int, logprob: float) -> bool:
-        """Add a sampled token (and stream what text it completes); True when finished."""
-        out, req = s.out, s.req
-        out.token_ids.append(token)
-        out.logprobs.append(logprob)
-        reason = None
-        if token in self.stop_ids:
-            reason = "stop"  # the stop token is trained on (it was sampled), never shown
-        else:
-            text = self.tok.decode([t for t in out.token_ids if t not in self.stop_ids],
-                                   skip_special_tokens=False)
-            for stop in req.stop:
-                cut = text.find(stop) if stop else -1
-                if cut != -1:
-                    text, reason = text[:cut], "stop"
-                    break
-            out.text = text
-            if reason is None and len(out.token_ids) >= req.max_tokens:
-                reason = "length"
-        if req.on_token is not None:
-            # hold back what could still become a stop string or an unfinished character
-            upto = len(out.text)
-            if reason is None:
-                upto -= max((len(x) for x in req.stop), default=1) - 1
-                while upto > s.sent and out.text[upto - 1] == "\ufffd":
-                    upto -= 1
-            upto = max(upto, s.sent)
-            try:
-                req.on_token(s.index, token, logprob, out.text[s.sent:upto])
-                req.emitted = True
-            except Exception:  # noqa: BLE001 - its listener is gone (a closed stream): decode on, quietly
-                req.on_token = None
-            s.sent = upto
-        if reason is not None:
-            out.finish_reason = reason
-            s.done = True
-            return True
-        return False
+def append(s: Seq, token: int, logprob: float, tok: Any, stop_ids: set[int]) -> bool:
+    """Add a sampled token to a choice (and stream what text it completes); True when the
+    choice is finished. Both engines decode through this, so text, stop strings and
+    streaming behave the same whichever sampled the tokens."""
+    out, req = s.out, s.req
+    out.token_ids.append(token)
+    out.logprobs.append(logprob)
+    reason = None
+    if token in stop_ids:
+        reason = "stop"  # the stop token is trained on (it was sampled), never shown
+    else:
+        text = tok.decode([t for t in out.token_ids if t not in stop_ids], skip_special_tokens=False)
+        for stop in req.stop:
+            cut = text.find(stop) if stop else -1
+            if cut != -1:
+                text, reason = text[:cut], "stop"
+                break
+        out.text = text
+        if reason is None and len(out.token_ids) >= req.max_tokens:
+            reason = "length"
+    if req.on_token is not None:
+        # hold back what could still become a stop string or an unfinished character
+        upto = len(out.text)
+        if reason is None:
+            upto -= max((len(x) for x in req.stop), default=1) - 1
+            while upto > s.sent and out.text[upto - 1] == "\ufffd":
+                upto -= 1
+        upto = max(upto, s.sent)
+        try:
+            req.on_token(s.index, token, logprob, out.text[s.sent:upto])
+            req.emitted = True
+        except Exception:  # noqa: BLE001 - its listener is gone (a closed stream): decode on, quietly
+            req.on_token = None
+        s.sent = upto
+    if reason is not None:
+        out.finish_reason = reason
+        s.done = True
+        return True
+    return False
 
 
 def _fail(req: Request, exc: BaseException) -> None:

@@ -1,15 +1,12 @@
-"""One trainable model held by the local backend: base model + LoRA adapters, tokenizer,
+"""One trainable model held by the local backend: base model + LoRA adapter, tokenizer,
 inference engine, optimizer and checkpoints.
 
-Adapters: ``policy`` is the one the optimizer updates; after each step its weights are
-copied into a serving adapter. A request is pinned to its step (the newest when it names
-none) from the moment it is submitted until it is answered, whatever training does
-meanwhile; a serving adapter of an old step that no request pins is reused for a later
-step. Step 0 is the base model.
-
-Serving merges the adapter into the weights only when they are fp32: in bf16 or fp16 the
-sum ``W + B A`` rounds most of a small update away (after two steps at lr 1e-4 in bf16, 90%
-of the merged weights were bit-identical to the base), so the adapter is served unmerged.
+Adapters: ``policy`` is the one the optimizer updates; after each step it is checkpointed
+and the engine publishes it as that step (the built-in engine copies it into a serving
+adapter, vLLM loads it from the checkpoint). A request is pinned to its step (the newest
+when it names none) from the moment it is submitted until it is answered, whatever training
+does meanwhile; the engine retires an old step's adapter once no request pins it. Step 0 is
+the base model.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ import logging
 import threading
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -28,8 +25,7 @@ from artsdk.errors import BackendError
 from . import models
 from .chat import ChatFormat, message_text
 from .checkpoints import Checkpoints
-from .engine import Completion, Engine, Request
-from .merge import Merger
+from .engine import Completion, Request
 from .trainer import TrainConfig, Tokenizing, train_step
 
 log = logging.getLogger("artsdk.local")
@@ -66,8 +62,8 @@ def lora_settings(config: dict[str, Any]) -> dict[str, Any]:
 
 class ServedModel:
     def __init__(self, spec: TrainableModel, *, home: Path, cache: Path, device: str, dtype: Any,
-                 max_batch: int, keep_checkpoints: int, best_metric: Optional[str],
-                 train_defaults: TrainConfig, merge: bool = True) -> None:
+                 keep_checkpoints: int, best_metric: Optional[str], train_defaults: TrainConfig,
+                 engine: Callable[["ServedModel"], Any]) -> None:
         from peft import LoraConfig, get_peft_model
 
         self.spec = spec
@@ -100,48 +96,31 @@ class ServedModel:
         self.keep_checkpoints = keep_checkpoints
         self.best_metric = best_metric
         self.step = 0
-        self.slots: dict[int, str] = {}  # step -> serving adapter
-        self.free: list[str] = []  # serving adapters no step uses any more
+        self.published: set[int] = set()  # steps with an adapter in the engine
         self.pins: dict[int, int] = {}  # step -> requests submitted on it and not yet answered
         self._pin_lock = threading.Lock()  # makes "newest step" and "pinned" one atomic act
         self._train_lock = threading.Lock()  # one training step at a time per model
         if latest is not None:
             state = self.checkpoints.load(latest, self.model, self.optimizer)
             self.step = int(state["step"])
-            self._publish(self.step)
             log.info("%s: resumed from checkpoint step %d", spec.name, self.step)
-        self.merger = Merger(self.model) if merge and dtype == torch.float32 else None
-        self.engine = Engine(self.model, self.tokenizer, self.chat.stop_ids, device,
-                             max_batch=max_batch, adapter_for=self._adapter_for, merger=self.merger)
+        self.engine = engine(self)  # built-in or vLLM (backend.py picks)
+        self.merger = getattr(self.engine, "merger", None)
+        if self.step:
+            self._publish(self.step, self.checkpoints.path(self.step))
 
     # -- adapters -----------------------------------------------------------------------
-
-    def _adapter_for(self, step: int) -> Optional[str]:
-        return None if step == 0 else self.slots[step]
 
     @property
     def serving(self) -> set[int]:
         """Steps that can be asked for now (0 is the base model)."""
-        return {0, *self.slots}
+        return {0, *self.published}
 
-    def _publish(self, step: int) -> None:
-        """Copy the trained weights into a serving adapter for ``step`` (caller holds the
-        engine lock, or the engine is not running yet). Adapters of retired steps are
-        reused: creating one allocates and initialises a LoRA pair in every layer."""
+    def _publish(self, step: int, folder: Path) -> None:
+        """Have the engine serve ``step`` from its checkpoint ``folder``."""
+        self.engine.publish(step, folder)
         with self._pin_lock:
-            name = self.free.pop() if self.free else None
-        if name is None:
-            name = f"s{len(self.model.peft_config)}"
-            while name in self.model.peft_config:
-                name += "x"
-            self.model.add_adapter(name, self.lora_config)
-        params = dict(self.model.named_parameters())
-        with torch.no_grad():
-            for key, p in params.items():
-                if f".{name}." in key:
-                    p.copy_(params[key.replace(f".{name}.", ".policy.")])
-        with self._pin_lock:
-            self.slots[step] = name
+            self.published.add(step)
 
     def pin(self, step: Optional[int] = None) -> int:
         """Keep ``step`` (default: the newest) served until ``unpin``; returns it. ValueError
@@ -161,9 +140,10 @@ class ServedModel:
                 self._retire(step)
 
     def _retire(self, step: int) -> None:
-        """Free the serving adapter of an old step no request pins (hold ``_pin_lock``)."""
-        if step != self.step and step in self.slots and not self.pins.get(step):
-            self.free.append(self.slots.pop(step))
+        """Let go of the adapter of an old step no request pins (hold ``_pin_lock``)."""
+        if step != self.step and step in self.published and not self.pins.get(step):
+            self.published.discard(step)
+            self.engine.retire(step)
 
     def submit(self, req: Request, step: Optional[int] = None) -> "Future[list[Completion]]":
         """Generate on ``step`` (default: the newest), pinned until the answer is complete;
@@ -181,7 +161,7 @@ class ServedModel:
         """Make ``step`` the newest and retire the serving adapters no request pins."""
         with self._pin_lock:
             self.step = step
-            for old in sorted(self.slots):
+            for old in sorted(self.published):
                 self._retire(old)
 
     # -- training -----------------------------------------------------------------------
@@ -195,9 +175,7 @@ class ServedModel:
         for g in self.optimizer.param_groups:
             g["lr"] = cfg.learning_rate
         with self._train_lock:
-            with self.engine.lock:  # generation waits while the weights change
-                if self.merger is not None:
-                    self.merger.restore()  # training (and the KL reference) needs the base weights
+            with self.engine.training():
                 self.model.set_adapter("policy")
                 metrics = train_step(self.model, self.optimizer, groups, cfg, self.tokenizing(),
                                      device=self.device, reference=self.model.disable_adapter, stop=stop)
@@ -207,8 +185,7 @@ class ServedModel:
             # written before the step is served: a crash never leaves a served step without its checkpoint
             path = self.checkpoints.save(step, self.model, self.optimizer,
                                          {"metrics": metrics, "model": self.spec.model_dump()})
-            with self.engine.lock:
-                self._publish(step)
+            self._publish(step, path)
             self._advance(step)
             self.checkpoints.prune(self.keep_checkpoints, self.best_metric)
         return step, metrics, str(path)

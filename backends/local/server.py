@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from artsdk.errors import TrajectoryError
 
 from ..http import GuardedH11, error, guard
-from .engine import Completion
+from .engine import Completion, EngineRefused
 from .engine import Request as GenRequest
 from .served import ServedModel
 
@@ -99,6 +99,10 @@ def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[st
     @app.exception_handler(BadRequest)
     async def bad(_: Request, exc: BadRequest) -> JSONResponse:
         return error(exc.status, str(exc), exc.param)
+
+    @app.exception_handler(EngineRefused)
+    async def refused(_: Request, exc: EngineRefused) -> JSONResponse:
+        return error(400, str(exc))
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:

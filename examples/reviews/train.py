@@ -8,6 +8,7 @@ from .agent import correct, exact, label
 from .reviews import reviews
 
 CONFIG = Path(__file__).with_name("config.toml")
+REWARDS = [correct]
 
 
 def make_scenarios(n: int, seed: int, cfg: dict):
@@ -15,4 +16,4 @@ def make_scenarios(n: int, seed: int, cfg: dict):
 
 
 if __name__ == "__main__":
-    main(CONFIG, label, [correct], make_scenarios, success=exact)
+    main(CONFIG, label, REWARDS, make_scenarios, success=exact)
