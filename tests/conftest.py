@@ -14,8 +14,9 @@ from tests.scripted_server import ScriptedServer  # noqa: E402
 
 
 # the local backend's inference engines, for tests that run against each
-ENGINES = ["builtin", pytest.param("vllm", marks=pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (pip install -e '.[vllm]')"))]
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vLLM is not installed (make setup-vllm)")
+ENGINES = ["builtin", pytest.param("vllm", marks=needs_vllm)]
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ from artsdk.testing import trajectory
 
 pytest.importorskip("torch")
 from backends.remote import RemoteBackend  # noqa: E402
+from tests.conftest import ENGINES  # noqa: E402
 from tests.serve_process import KEY, Serve, free_port  # noqa: E402
 
 pytestmark = pytest.mark.anyio
@@ -29,6 +30,14 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def serve(tmp_path):
     s = Serve(tmp_path, free_port()).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(params=ENGINES)
+def serve_either(request, tmp_path):
+    """`artsdk serve` with either inference engine."""
+    s = Serve(tmp_path, free_port(), args=["--option", f"engine={request.param}"]).start()
     yield s
     s.stop()
 
@@ -48,7 +57,8 @@ def groups_for(model, tokens=(5, 6, 7)):
     return out
 
 
-async def test_full_loop_through_the_server_with_config_only(serve, art_store, monkeypatch):
+async def test_full_loop_through_the_server_with_config_only(serve_either, art_store, monkeypatch):
+    serve = serve_either
     monkeypatch.setenv("ARTSDK_BACKEND", "remote")
     monkeypatch.setenv("ARTSDK_BACKEND_URL", serve.url)
     monkeypatch.setenv("ARTSDK_API_KEY", KEY)

@@ -65,7 +65,7 @@ class VLLMOptions:
     """The ``vllm`` table of the local backend's options."""
 
     gpus: Optional[str] = None  # CUDA_VISIBLE_DEVICES of the vLLM process, e.g. "0" or "0,1"
-    gpu_memory_utilization: Optional[float] = None  # share of each of its GPUs (default 0.5 shared, 0.9 own)
+    gpu_memory_utilization: Optional[float] = None  # share of each of its GPUs (default 0.5 shared, 0.9 its own)
     kv_cache_gb: float = 1.0  # CPU only: RAM reserved for the KV cache
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
@@ -117,13 +117,15 @@ class VLLMEngine:
             raise ModelLoadError(f"base model {spec.base_model!r}: the vllm engine needs a model folder, not a "
                                  f"GGUF file; use the built-in engine, or save the model with save_pretrained")
         on_gpu = served.device.startswith("cuda")
-        shares_gpu = on_gpu and options.gpus is None
+        trainer_gpu = served.device.partition(":")[2] or "0"
+        shares_gpu = on_gpu and (options.gpus is None or trainer_gpu in options.gpus.split(","))
         self.sleeps = shares_gpu if options.sleep is None else bool(options.sleep)
         rank = next((r for r in _VLLM_RANKS if r >= served.lora_config.r), served.lora_config.r)
         self.key = secrets.token_urlsafe(24)
         self.port = _free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        # through vllm_process.py: vLLM's server, stopped if this process dies without closing it
+        argv = [sys.executable, "-m", "backends.local.vllm_process",
                 "--model", str(where), "--served-model-name", self.name,
                 "--host", "127.0.0.1", "--port", str(self.port),
                 "--dtype", str(dtype).removeprefix("torch."),
@@ -135,7 +137,8 @@ class VLLMEngine:
                 "--data-parallel-size", str(options.data_parallel_size),
                 "--disable-uvicorn-access-log"]
         if on_gpu:
-            share = options.gpu_memory_utilization or (0.5 if shares_gpu and not self.sleeps else 0.9)
+            # sharing, the trainer's weights and optimizer state stay on the GPU beside vLLM's
+            share = options.gpu_memory_utilization or (0.5 if shares_gpu else 0.9)
             argv += ["--gpu-memory-utilization", str(share)]
         else:
             argv += ["--kv-cache-memory-bytes", str(int(options.kv_cache_gb * 2**30)), "--enforce-eager"]
@@ -153,7 +156,7 @@ class VLLMEngine:
             out.flush()
             # its own process group, so close() stops vLLM's engine processes too
             self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+                                            stdin=subprocess.PIPE, start_new_session=True)
         atexit.register(self._stop_process)
         # one event loop thread talks to it; callers get concurrent futures
         self.loop = asyncio.new_event_loop()
@@ -201,6 +204,8 @@ class VLLMEngine:
     def _stop_process(self) -> None:
         if self.process.poll() is not None:
             return
+        assert self.process.stdin is not None
+        self.process.stdin.close()  # its watch ends the process group too (vllm_process.py)
         try:
             os.killpg(self.process.pid, signal.SIGTERM)
             self.process.wait(30)

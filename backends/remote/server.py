@@ -28,6 +28,7 @@ import logging
 import re
 import tarfile
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Optional
 
@@ -113,7 +114,15 @@ class Trainings:
 
 
 def build_app(backend: Any, backend_name: str, home: Path, api_key: Optional[str] = None) -> FastAPI:
-    app = FastAPI(title="artsdk serve", version=API_VERSION,
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        # closed here, in uvicorn's shutdown: after it, uvicorn re-raises the SIGTERM it
+        # caught, so code after uvicorn.run() may never run (and a vLLM engine process
+        # would outlive the server)
+        await backend.close()
+
+    app = FastAPI(title="artsdk serve", version=API_VERSION, lifespan=lifespan,
                   description="Training backend API of artsdk (see backends/remote/server.py).")
     registry = Registry(home / "serve")
     trainings = Trainings(home / "serve")
@@ -310,6 +319,3 @@ def serve(backend_name: str = "local", host: str = "127.0.0.1", port: int = 7999
     # on SIGTERM / Ctrl-C uvicorn stops taking requests and lets running ones finish (up to
     # 30 s); a training step cut short leaves no checkpoint behind (they are written atomically)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30, http=GuardedH11)
-    import anyio
-
-    anyio.run(backend.close)

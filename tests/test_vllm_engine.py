@@ -1,0 +1,82 @@
+"""The vLLM engine's own edges: its options are checked before anything starts, a vLLM that
+fails to start says why with the end of its log, and what it cannot serve is refused by
+name. (Answers, streaming, hot-swap and training with it run in the engine-parametrised
+tests: test_local_server.py, test_local_training.py, test_training_numerics.py,
+test_examples.py.)"""
+
+import pytest
+
+import artsdk as art
+from artsdk.errors import BackendError, ModelLoadError
+from tests.conftest import needs_vllm
+
+pytest.importorskip("torch")
+from backends.local import LocalBackend  # noqa: E402
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.mark.parametrize("options, culprit", [
+    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+    ({"kv_cache_gb": 0}, "kv_cache_gb"),
+    ({"max_loras": "four"}, "max_loras"),
+    ({"args": "--enforce-eager"}, "args"),
+    ({"gpus": 0}, "gpus"),
+    ({"memory": 3}, "unknown vllm option"),
+])
+def test_bad_options_are_refused_by_name(tmp_path, options, culprit):
+    with pytest.raises(BackendError, match=culprit):
+        LocalBackend(device="cpu", home=str(tmp_path), engine="vllm", vllm=options)
+
+
+def test_engine_is_one_of_two_and_its_options_need_it(tmp_path):
+    with pytest.raises(BackendError, match="unknown engine 'sglang'"):
+        LocalBackend(device="cpu", home=str(tmp_path), engine="sglang")
+    with pytest.raises(BackendError, match="vllm options are set but engine is not"):
+        LocalBackend(device="cpu", home=str(tmp_path), vllm={"kv_cache_gb": 2})
+
+
+@needs_vllm
+async def test_a_vllm_that_fails_to_start_says_why_with_its_log(tmp_path):
+    be = LocalBackend(device="cpu", home=str(tmp_path / "home"), engine="vllm",
+                      vllm={"args": ["--no-such-flag"], "log": str(tmp_path / "v.log")})
+    with pytest.raises(ModelLoadError, match=r"(?s)vLLM exited with code -?\d+ while starting.*v\.log.*unrecognized arguments: --no-such-flag"):
+        await be.register(art.TrainableModel("m", base_model="tiny"))
+    assert be.models == {}  # nothing half-loaded is kept
+    await be.close()
+
+
+@needs_vllm
+def test_no_vllm_outlives_a_killed_run(tmp_path):
+    """kill -9 of the process that started vLLM: vLLM's processes go too, within seconds."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import anyio, os, signal, artsdk as art\n"
+        "from backends.local import LocalBackend\n"
+        "async def main():\n"
+        f"    be = LocalBackend(device='cpu', home={str(tmp_path / 'home')!r}, engine='vllm')\n"
+        "    await be.register(art.TrainableModel('m', base_model='tiny'))\n"
+        "    print(be.models['m'].engine.process.pid, flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "anyio.run(main)\n")
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(root)}, cwd=tmp_path)
+    assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
+    pid = int(run.stdout.split()[0])
+    for _ in range(300):
+        try:
+            os.killpg(pid, 0)  # vLLM's process group: its server and its engine processes
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.killpg(pid, signal.SIGKILL)
+        raise AssertionError("vLLM outlived the run that started it")
