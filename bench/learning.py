@@ -5,10 +5,11 @@ SmolLM2-135M (CPU): the held-out greedy score before and after N GRPO steps, see
                              [--learning-rate 1e-4 --loss cispo ...]   # a setting to compare
 
 Each step gathers 8 prompts x 8 samples (temperature 1, at most 16 tokens) and trains once;
-the held-out set is 48 prompts the training never sees, answered greedily. A task's score is
-its mean reward: 1 for the exact answer alone, partial credit for the right answer inside
+the held-out set is 48 prompts the training never sees, answered greedily. Each (task, seed)
+trains a model of its own from the base model. A task's score is its mean reward: 1 for the exact answer alone, partial credit for the right answer inside
 more text, more the shorter the text. Without settings it measures the defaults; every run is added to
-bench/results/learning.json under its settings, so a sweep is several commands.
+bench/results/learning.json under its settings (replacing an earlier run of the same task and
+seed), so a sweep is several commands.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ async def run_task(task: str, seed: int, settings: dict[str, Any], steps: int, h
     import torch
 
     torch.manual_seed(seed)
-    name = f"learn-{task}"
+    name = f"learn-{task}-{seed}"  # a model of its own: a later run must not resume this one's checkpoints
     rollout, reward, client = build(name)
     model = art.TrainableModel(name, base_model="HuggingFaceTB/SmolLM2-135M-Instruct", project="learning",
                                config={"train": {"seed": seed, **settings}})
@@ -125,6 +126,18 @@ async def run_task(task: str, seed: int, settings: dict[str, Any], steps: int, h
             "seconds": time.monotonic() - t0}
 
 
+def record(key: str, settings: dict[str, Any], steps: int, run: dict[str, Any]) -> None:
+    """Add ``run`` to bench/results/learning.json under its settings, replacing an earlier run
+    of the same task and seed."""
+    path = RESULTS / "learning.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    entry = data.setdefault("runs", {}).setdefault(key, {"settings": settings, "steps": steps, "runs": []})
+    if entry["steps"] != steps:
+        entry.update(steps=steps, runs=[])
+    entry["runs"] = [r for r in entry["runs"] if (r["task"], r["seed"]) != (run["task"], run["seed"])] + [run]
+    save_result("learning", data)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=10)
@@ -136,17 +149,14 @@ def main() -> None:
     a = ap.parse_args()
     settings = {k: v for k, v in (("learning_rate", a.learning_rate), ("loss", a.loss),
                                   ("scale_rewards", a.scale_rewards)) if v is not None}
+    key = json.dumps(settings, sort_keys=True) if settings else "defaults"
     runs = []
     with tempfile.TemporaryDirectory() as home:
         art.configure(home=home, store=f"{home}/store.db", progress=False)
         for task in a.tasks:
             for seed in a.seeds:
                 runs.append(asyncio.run(run_task(task, seed, settings, a.steps, home)))
-    key = json.dumps(settings, sort_keys=True) if settings else "defaults"
-    path = RESULTS / "learning.json"
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data.setdefault("runs", {})[key] = {"settings": settings, "steps": a.steps, "runs": runs}
-    save_result("learning", data)
+                record(key, settings, a.steps, runs[-1])  # each run kept as soon as it ends
     for task in a.tasks:
         mine = [r for r in runs if r["task"] == task]
         gain = [r["after"] - r["before"] for r in mine]

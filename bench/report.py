@@ -201,8 +201,13 @@ def section_learning(rs: list[dict]) -> list[str]:
            "the demo's review labeller. Mean over seeds (the seed sets the held-out prompts, the training "
            "prompts and the adapter's initialisation), and the smallest gain.", "",
            "| settings | task | before | after | gain | smallest gain | seeds |", "|---|---|---|---|---|---|---|"]
+    from backends.local.trainer import TrainConfig
+
+    defaults = TrainConfig()
     for key, entry in r.get("runs", {}).items():
         label = "defaults" if key == "defaults" else ", ".join(f"{k}={v}" for k, v in entry["settings"].items())
+        if all(getattr(defaults, k, None) == v for k, v in entry["settings"].items()):
+            label += " (the defaults)"
         tasks: dict[str, list[dict]] = {}
         for run in entry["runs"]:
             tasks.setdefault(run["task"], []).append(run)
@@ -290,7 +295,8 @@ EXAMPLES = [
 def examples_page() -> None:
     lines = ["# Examples: before and after a short training run", "",
              "Each example trained briefly on the embedded SmolLM2-135M-Instruct, on the CPU (2 cores), with",
-             "its own config.toml: 3 GRPO steps of 4 scenarios x group of 4, then the same held-out",
+             "its own config.toml (the demo, the review labeller: 10 GRPO steps of 8 reviews x 8 answers with",
+             "the default training settings; the others: 3 steps of 4 scenarios x group of 4), then the same held-out",
              "scenarios evaluated again. These are what really happened, not a claim of skill: a",
              "135M-parameter model with 48 rollouts of training mostly learns the answer format, and",
              "some runs do not improve at all yet. The commands reproduce them (numbers vary with the",
@@ -310,6 +316,10 @@ def examples_page() -> None:
                      f"{r['after']:.3f} | {pct(sb)} | {pct(sa)} | {solved} | `{r['command']}` |")
         steps = ", ".join(f"{h['reward']:.3f}" for h in r["history"])
         notes.append(f"- {title}: training-batch mean reward per step: {steps}.")
+        if r.get("seeds"):  # the same command with --seed N
+            runs = "; ".join(f"seed {x['seed']}: {x['before']:.3f} -> {x['after']:.3f}, solved {pct(x['solved_before'])} -> "
+                             f"{pct(x['solved_after'])}" for x in r["seeds"])
+            notes.append(f"- {title}, every seed run (`--seed N`): {runs}.")
     lines += ["", *notes, "",
               "Rewards: tic-tac-toe win 1, draw 0.5, loss 0, illegal move -0.5, +0.02 per legal move; "
               "2048 log2(largest tile)/11 + 0.5 x log-scaled board total, -0.5 for an invalid move; "

@@ -195,10 +195,10 @@ async def test_in_flight_request_keeps_its_adapter(tmp_path):
     assert run(1) == at_step_1  # it keeps the adapter it started with
     assert run(2) != at_step_1  # new requests get the new one
     served.unpin(1)  # it finished: an old step no request pins is no longer served
-    assert served.serving == {0, 2} and len(served.free) == 1
+    assert served.serving == {0, 2} and len(served.engine.free) == 1
     await be.train(model, groups)
     assert served.serving == {0, 3}
-    assert len(served.free) == 1 and len(served.model.peft_config) == 3  # policy + 2 serving
+    assert len(served.engine.free) == 1 and len(served.model.peft_config) == 3  # policy + 2 serving
     await be.train(model, groups)
     assert served.serving == {0, 4} and len(served.model.peft_config) == 3  # a free one was reused
     await be.close()

@@ -13,7 +13,7 @@ engine = "builtin"       # or "vllm": vLLM in a process of its own (pip install 
 ```
 
 Model settings go in ``TrainableModel.config``: ``{"lora": {"rank": 8, "alpha": 16,
-"target_modules": "all-linear"}, "train": {"learning_rate": 1e-4, "loss": "cispo", ...}}``.
+"target_modules": "all-linear"}, "train": {"learning_rate": 3e-4, "loss": "cispo", ...}}``.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ LOSSES = {
 class TrainConfig:
     """Settings of a training step (any of them can be passed to ``run.train(groups, ...)``)."""
 
-    learning_rate: float = 1e-4
+    learning_rate: float = 3e-4
     loss: str = "cispo"
     scale_rewards: bool = True  # divide advantages by the group's std (not for dr_grpo)
     epsilon: Optional[float] = None

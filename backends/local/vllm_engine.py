@@ -354,7 +354,7 @@ class VLLMEngine:
         if not self.sleeps:
             yield
             return
-        self._call(self._sleep())
+        self._call(self._sleep(), timeout=None)  # once the requests in flight are answered
         try:
             yield
         finally:
