@@ -104,9 +104,12 @@ def section_engines(rs: list[dict]) -> list[str]:
             f"{v['mean_step_s'] / b['mean_step_s']:.2f} |",
             f"| of which gathering | {b['mean_gather_s']:.1f} s | {v['mean_gather_s']:.1f} s | "
             f"{v['mean_gather_s'] / b['mean_gather_s']:.2f} |", "",
+            *([r["note"], ""] if r.get("note") else []),
             "On this CPU (AVX2, 2 cores) vLLM is the correctness path, not the fast one: it shares the "
             "cores with the trainer and runs LoRA through its CPU kernels. Its place is a GPU, where "
-            "continuous batching and the paged cache pay; those figures need a GPU run.", ""]
+            "continuous batching and the paged cache pay; those figures need a GPU run. Training steps "
+            "were slower beside it too (the vLLM process stays up beside the trainer on the same cores; "
+            "the cause was not separated from the other benchmark's load).", ""]
     return out
 
 
