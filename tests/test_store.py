@@ -216,3 +216,29 @@ def test_unknown_url_scheme_and_default_location(tmp_path):
     assert s.path == tmp_path / "h" / "store.db"
     with pytest.raises(art.StoreError, match="not a valid SQLAlchemy URL"):
         art.Store("://nothing")
+
+
+def test_a_waiter_that_gives_up_does_not_end_the_writer(tmp_path):
+    """Ctrl-C cancels the task awaiting a write, and with it the write's future: the write
+    is still committed and the writer goes on (it used to die on setting a cancelled future)."""
+    import threading
+
+    from artsdk.store.writer import Job, Writer
+
+    gate, written = threading.Event(), []
+
+    class Begin:
+        def __enter__(self):
+            gate.wait(10)
+            return None
+
+        def __exit__(self, *exc):
+            return False
+
+    writer = Writer(Begin, lambda conn, jobs: written.extend(j.describe for j in jobs), tmp_path, "t")
+    first = writer.submit(Job([], "first"))
+    assert first.cancel()  # its waiter gave up while the write waited for the database
+    gate.set()
+    writer.submit(Job([], "second")).result(10)  # the writer lived on
+    assert written == ["first", "second"]
+    writer.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -80,7 +80,7 @@ class Writer:
                 self._commit([job])
             return
         for job in jobs:
-            job.future.set_result(None)
+            _settle(job.future, None)
 
     def _fail(self, job: Job) -> None:
         import sys
@@ -103,4 +103,17 @@ class Writer:
             reason += " (it is already stored; save(..., replace=True) overwrites it)"
         err = StoreError(f"could not store {job.describe}: {reason}{where}")
         log.error("%s", err)
-        job.future.set_exception(err)
+        _settle(job.future, error=err)
+
+
+def _settle(future: Any, result: Any = None, error: Optional[BaseException] = None) -> None:
+    """Answer a job's future, unless its waiter gave up on it (Ctrl-C cancels the awaiting
+    task, and with it the future): setting a cancelled future raises, and that would end the
+    writer thread -- the write itself is committed either way."""
+    try:
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+    except InvalidStateError:
+        pass

@@ -23,7 +23,7 @@ import math
 import queue
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -219,7 +219,7 @@ class Engine:
             self._decode(seqs, step)
         for r in reqs:
             if not r.future.done():
-                r.future.set_result([s.out for s in seqs if s.req is r])
+                settle(r.future, [s.out for s in seqs if s.req is r])
         self.stats["batches"] += 1
         self.stats["sequences"] += len(seqs)
 
@@ -364,7 +364,20 @@ def append(s: Seq, token: int, logprob: float, tok: Any, stop_ids: set[int]) -> 
 
 def _fail(req: Request, exc: BaseException) -> None:
     if not req.future.done():
-        req.future.set_exception(exc)
+        settle(req.future, error=exc)
+
+
+def settle(future: "Future[Any]", result: Any = None, error: Optional[BaseException] = None) -> None:
+    """Answer a request's future, unless its caller gave up on it meanwhile (a cancelled
+    awaiting task cancels the future): setting a cancelled future raises, and that must not
+    end the engine's loop."""
+    try:
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+    except InvalidStateError:
+        pass
 
 
 class _null:

@@ -52,7 +52,7 @@ import httpx
 from artsdk.errors import BackendError, ModelLoadError
 
 from . import models
-from .engine import MIN_TEMPERATURE, Completion, EngineRefused, Request, Seq, append
+from .engine import MIN_TEMPERATURE, Completion, EngineRefused, Request, Seq, append, settle
 
 log = logging.getLogger("artsdk.local")
 
@@ -246,11 +246,9 @@ class VLLMEngine:
         try:
             outs = await self._complete(req)
         except Exception as e:  # noqa: BLE001 - reported to the request
-            if not req.future.done():
-                req.future.set_exception(e)
+            settle(req.future, error=e)
         else:
-            if not req.future.done():
-                req.future.set_result(outs)
+            settle(req.future, outs)
         finally:
             self.in_flight -= 1
             if not self.in_flight:
