@@ -8,9 +8,11 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, Optional
+
+from ..futures import settle
 
 log = logging.getLogger("artsdk.store")
 
@@ -80,7 +82,7 @@ class Writer:
                 self._commit([job])
             return
         for job in jobs:
-            _settle(job.future, None)
+            settle(job.future, None)
 
     def _fail(self, job: Job) -> None:
         import sys
@@ -103,17 +105,4 @@ class Writer:
             reason += " (it is already stored; save(..., replace=True) overwrites it)"
         err = StoreError(f"could not store {job.describe}: {reason}{where}")
         log.error("%s", err)
-        _settle(job.future, error=err)
-
-
-def _settle(future: Any, result: Any = None, error: Optional[BaseException] = None) -> None:
-    """Answer a job's future, unless its waiter gave up on it (Ctrl-C cancels the awaiting
-    task, and with it the future): setting a cancelled future raises, and that would end the
-    writer thread -- the write itself is committed either way."""
-    try:
-        if error is None:
-            future.set_result(result)
-        else:
-            future.set_exception(error)
-    except InvalidStateError:
-        pass
+        settle(job.future, error=err)

@@ -23,13 +23,15 @@ import math
 import queue
 import threading
 import time
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import torch
+
+from artsdk.futures import settle
 
 log = logging.getLogger("artsdk.local")
 QUIET, GATHER = 0.005, 0.03
@@ -366,18 +368,6 @@ def _fail(req: Request, exc: BaseException) -> None:
     if not req.future.done():
         settle(req.future, error=exc)
 
-
-def settle(future: "Future[Any]", result: Any = None, error: Optional[BaseException] = None) -> None:
-    """Answer a request's future, unless its caller gave up on it meanwhile (a cancelled
-    awaiting task cancels the future): setting a cancelled future raises, and that must not
-    end the engine's loop."""
-    try:
-        if error is None:
-            future.set_result(result)
-        else:
-            future.set_exception(error)
-    except InvalidStateError:
-        pass
 
 
 class _null:

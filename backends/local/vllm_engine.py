@@ -52,7 +52,9 @@ import httpx
 from artsdk.errors import BackendError, ModelLoadError
 
 from . import models
-from .engine import MIN_TEMPERATURE, Completion, EngineRefused, Request, Seq, append, settle
+from artsdk.futures import settle
+
+from .engine import MIN_TEMPERATURE, Completion, EngineRefused, Request, Seq, append
 
 log = logging.getLogger("artsdk.local")
 
