@@ -50,10 +50,9 @@ from typing import Any, Iterator, Optional
 import httpx
 
 from artsdk.errors import BackendError, ModelLoadError
-
-from . import models
 from artsdk.futures import settle
 
+from . import models
 from .engine import MIN_TEMPERATURE, Completion, EngineRefused, Request, Seq, append
 
 log = logging.getLogger("artsdk.local")
