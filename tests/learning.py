@@ -1,17 +1,22 @@
 """The learning loop two tests share: gather -> train -> hot-swap -> gather with the tiny
-model, until it says the word it is rewarded for (token id 300)."""
+model, until it says the words it is rewarded for (token ids 300-307).
+
+Eight words, not one: the untrained model says one given token about once in 560, so 64
+answers of 6 tokens held none of it about half the time, every group had equal rewards and
+step 0 had nothing to learn from. It says one of eight about 3% of the time: some in every
+step-0 gather, still far below the 0.8 the loop learns to."""
 
 from typing import Any, Callable
 
 import artsdk as art
 
-WORD = 300
+WORDS = frozenset(range(300, 308))
 
 
 @art.reward
 def said_word(t: art.Trajectory) -> float:
     ids = t.calls[0].choices[0].token_ids
-    return sum(1 for x in ids if x == WORD) / len(ids)
+    return sum(1 for x in ids if x in WORDS) / len(ids)
 
 
 async def learn_to_say(run: art.Session, answer: art.Rollout, check: Callable[[list[Any], int], None],
