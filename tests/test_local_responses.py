@@ -55,8 +55,8 @@ async def test_answers_are_token_exact_and_streams_match(served):
 async def test_tool_calls_come_back_as_items_and_results_go_into_the_prompt(served, monkeypatch):
     model, client = served
     call = {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": '{"q": "x"}'}}
-    # the tiny model does not write tool calls by itself: its answer is read as one (the parsing
-    # of <tool_call> text is tested in test_local_server)
+    # the untrained tiny model does not write tool calls: its answer is read as one here (a
+    # model taught to call the tool answers with a real one in test_tool_calls)
     monkeypatch.setattr(model.chat, "parse", lambda text, tools: (None, [call]) if tools else (text, None))
     r = await client.responses.create(model="r", input="find x", tools=TOOLS, max_output_tokens=4)
     (fc,) = r.output
