@@ -18,6 +18,10 @@ needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM is not installed (make setup-vllm)")
 ENGINES = ["builtin", pytest.param("vllm", marks=needs_vllm)]
 
+# the device the training tests run on: "cuda" on a GPU machine (bench/gpu_check.sh); they
+# train in fp32 unless a test names bf16
+DEVICE = os.environ.get("ARTSDK_TEST_DEVICE", "cpu")
+
 
 @pytest.fixture(scope="session")
 def server():

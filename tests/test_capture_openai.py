@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from openai import AsyncOpenAI, BadRequestError
+from openai import BadRequestError
 from pydantic import BaseModel
 
 import artsdk as art

@@ -9,7 +9,7 @@ from openai import AsyncOpenAI
 
 import artsdk as art
 from artsdk.testing import trajectory
-from tests.conftest import ENGINES
+from tests.conftest import DEVICE, ENGINES
 from tests.learning import WORDS, learn_to_say
 
 from backends.local import LocalBackend
@@ -23,11 +23,11 @@ def make_backend(tmp_path, **kw):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-async def test_full_loop_learns_to_answer_with_a_word(tmp_path, art_store, engine):
+async def test_full_loop_learns_to_answer_with_a_word(tmp_path, art_store, engine, record_property):
     """gather -> train -> hot-swap -> gather, until the model says the words, with either
-    engine sampling."""
+    engine sampling (on ARTSDK_TEST_DEVICE: a GPU check runs it on CUDA)."""
     torch.manual_seed(0)
-    be = make_backend(tmp_path, engine=engine)
+    be = LocalBackend(device=DEVICE, dtype="float32", home=str(tmp_path / "home"), engine=engine)
     model = art.TrainableModel("toy", base_model="tiny", project="learn",
                                config={"train": {"learning_rate": 2e-2}})
     client = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused", max_retries=0)
@@ -51,6 +51,9 @@ async def test_full_loop_learns_to_answer_with_a_word(tmp_path, art_store, engin
     assert max(curve) > 0.8, f"reward curve {curve} for words {words}"
     steps = art_store.steps("learn", "toy")
     assert len(steps) == len(curve) - 1 and "clip_fraction" in steps[0]["metrics"]
+    record_property("device", DEVICE)  # the figures, in the junit report of a GPU check
+    record_property("curve", [round(c, 3) for c in curve])
+    record_property("logprob_mismatch", [s["metrics"]["logprob_mismatch"] for s in steps])
     # the sampler's logprobs are the trainer's (fp32): token-exact, whichever engine sampled
     assert all(s["metrics"]["logprob_mismatch"] < 1e-4 for s in steps), [s["metrics"]["logprob_mismatch"] for s in steps]
     # the trajectories trained on carried the exact sampled tokens

@@ -10,7 +10,7 @@ from openai import AsyncOpenAI
 
 import artsdk as art
 from artsdk.testing import trajectory
-from tests.conftest import ENGINES
+from tests.conftest import DEVICE, ENGINES
 
 pytest.importorskip("torch")
 from backends.local import LocalBackend  # noqa: E402
@@ -45,7 +45,7 @@ def search(q: str) -> str:
 
 @pytest.mark.parametrize("engine", ENGINES)
 async def test_a_taught_tool_call_is_parsed_streamed_and_recorded(tmp_path, art_store, engine):
-    be = LocalBackend(device="cpu", home=str(tmp_path / "home"), engine=engine)
+    be = LocalBackend(device=DEVICE, dtype="float32", home=str(tmp_path / "home"), engine=engine)
     model = art.TrainableModel("caller", base_model="tiny", project="tools",
                                config={"train": {"learning_rate": 2e-2}})
     client = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused", max_retries=0)

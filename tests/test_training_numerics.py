@@ -11,7 +11,7 @@ from openai import AsyncOpenAI
 
 import artsdk as art
 from artsdk.testing import trajectory
-from tests.conftest import ENGINES
+from tests.conftest import DEVICE, ENGINES
 
 from backends.local import LocalBackend
 from backends.local import served as served_module
@@ -22,8 +22,8 @@ pytestmark = pytest.mark.anyio
 PROMPT = [{"role": "user", "content": "go"}]
 
 
-def make_backend(tmp_path, **kw):
-    return LocalBackend(device="cpu", home=str(tmp_path / "home"), **kw)
+def make_backend(tmp_path, dtype="float32", **kw):
+    return LocalBackend(device=DEVICE, dtype=dtype, home=str(tmp_path / "home"), **kw)
 
 
 async def tiny(tmp_path, name, **train):
@@ -69,7 +69,7 @@ def gradient(served, groups, **cfg):
         served.model.set_adapter("policy")
         grab = Grab(p for n, p in served.model.named_parameters() if ".policy." in n)
         metrics = train_step(served.model, grab, groups, TrainConfig(**{"max_grad_norm": 1e9, **cfg}),
-                             served.tokenizing(), "cpu")
+                             served.tokenizing(), served.device)
     return grab.grad, metrics
 
 
@@ -132,8 +132,8 @@ async def test_bf16_serving_keeps_the_update(tmp_path):
     groups = [art.Group(trajectories=[traj(served, [[10, 11, 12]], 1.0), traj(served, [[20, 21, 22]], 0.0)])]
     for _ in range(2):
         await be.train(model, groups)
-    ids = torch.tensor(served.chat.prompt_ids(PROMPT) + [10, 11, 12, 20, 21, 22])
-    pos = torch.arange(len(ids))
+    ids = torch.tensor(served.chat.prompt_ids(PROMPT) + [10, 11, 12, 20, 21, 22], device=served.device)
+    pos = torch.arange(len(ids), device=served.device)
     with torch.no_grad(), served.engine.lock:
         with served.engine.serving(served.step):
             served_lp = token_logprobs(served.model, ids, pos)
@@ -203,11 +203,11 @@ async def test_tempered_logprobs_are_recorded_and_trained(tmp_path):
     be, model, served = await tiny(tmp_path, "t")
     prompt = served.chat.prompt_ids(PROMPT)
     out = served.submit(Request(prompt=prompt, max_tokens=8, temperature=0.5, seed=1)).result(60)[0]
-    ids = torch.tensor(prompt + out.token_ids)
-    keep = torch.arange(len(prompt) - 1, len(ids) - 1)
+    ids = torch.tensor(prompt + out.token_ids, device=served.device)
+    keep = torch.arange(len(prompt) - 1, len(ids) - 1, device=served.device)
     with torch.no_grad():
         logits = served.model(input_ids=ids[None]).logits[0, keep].float()
-    tempered = torch.log_softmax(logits / 0.5, -1).gather(-1, ids[keep + 1][:, None])[:, 0]
+    tempered = torch.log_softmax(logits / 0.5, -1).gather(-1, ids[keep + 1][:, None])[:, 0].cpu()
     assert torch.allclose(torch.tensor(out.logprobs), tempered, atol=1e-4)  # was the T=1 logprob
     # the trainer scores the same tokens at the temperature the call was made with
     trajs = [traj(served, [out.token_ids], r, logprobs=out.logprobs, params={"temperature": 0.5})
@@ -254,7 +254,7 @@ async def test_a_trajectory_split_in_segments_weighs_what_it_would_in_one(tmp_pa
 
 # -- the whole loop in bf16 -------------------------------------------------------------
 
-async def test_bf16_loop_ratio_one_clip_zero_and_served_equals_trained(tmp_path, art_store):
+async def test_bf16_loop_ratio_one_clip_zero_and_served_equals_trained(tmp_path, art_store, record_property):
     be = make_backend(tmp_path, dtype="bfloat16")
     model = art.TrainableModel("bf", base_model="tiny", config={"train": {"learning_rate": 3e-3}})
     client = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused", max_retries=0)
@@ -289,17 +289,21 @@ async def test_bf16_loop_ratio_one_clip_zero_and_served_equals_trained(tmp_path,
         at_step_2 = check(groups)
         # the adapter moved the model well past bf16 noise, and what was served is what is trained
         t = groups[0][0]
-        ids = torch.tensor(t.calls[0].prompt_token_ids + t.calls[0].choices[0].token_ids)
-        keep = torch.arange(len(t.calls[0].prompt_token_ids) - 1, len(ids) - 1)
+        ids = torch.tensor(t.calls[0].prompt_token_ids + t.calls[0].choices[0].token_ids, device=served.device)
+        keep = torch.arange(len(t.calls[0].prompt_token_ids) - 1, len(ids) - 1, device=served.device)
+        pos = torch.arange(len(ids), device=served.device)
         with torch.no_grad(), served.engine.lock:
             if served.merger is not None:
                 served.merger.restore()
             served.model.set_adapter("policy")
             with served.model.disable_adapter():
-                base = token_logprobs(served.model, ids, torch.arange(len(ids)), keep)
-            trained = token_logprobs(served.model, ids, torch.arange(len(ids)), keep)
+                base = token_logprobs(served.model, ids, pos, keep)
+            trained = token_logprobs(served.model, ids, pos, keep)
         effect = float((trained - base).abs().mean())
     await client.close()
+    for name, value in (("device", DEVICE), ("mismatch_step_0", at_step_0), ("mismatch_step_2", at_step_2),
+                        ("adapter_effect", effect)):
+        record_property(name, value)  # the figures, in the junit report of a GPU check
     assert at_step_0 < 0.05 and at_step_2 < 0.05, (at_step_0, at_step_2)  # bf16 kernels, batch shapes
     assert effect > 4 * at_step_2, (effect, at_step_2)
     assert math.isfinite(effect)

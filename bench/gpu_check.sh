@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The training numerics on a GPU, in one command (docs/local-backend.md, "Checking a GPU").
+#
+# On a CUDA machine that has torch, transformers and peft but no package registry: first,
+# here, `make gpu-wheels` (the other dependencies as wheels in .whl/), then there, from the
+# repository's root with .whl/ beside it:
+#
+#     bash bench/gpu_check.sh            # about 2 minutes on the tiny model
+#
+# It runs, on CUDA: the bf16 loop check (ratio 1 and nothing clipped at step 0 for every loss;
+# after two steps the served logprobs are the trainer's), the tests of each training defect
+# fixed (fp32), the full gather -> train -> hot-swap -> gather learning loop, and the tool-call
+# loop. Figures (logprob mismatch, adapter effect, reward curve) are printed at the end and
+# kept in $OUT (default .artifacts/gpu_check): machine.txt, tests.log, junit.xml, figures.txt.
+set -uo pipefail
+OUT=${OUT:-.artifacts/gpu_check}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+
+if [ -d .whl ] && $PY -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || { echo "installing the wheels in .whl/ failed"; exit 1; }
+    export PYTHONPATH=/tmp/site
+fi
+export PYTHONUNBUFFERED=1 ARTSDK_TEST_DEVICE=${ARTSDK_TEST_DEVICE:-cuda} ARTSDK_CACHE=${ARTSDK_CACHE:-/tmp/artsdk-cache}
+
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
+    $PY -c "import torch, transformers, peft; print('torch', torch.__version__, '| cuda', torch.cuda.is_available(),
+'| transformers', transformers.__version__, '| peft', peft.__version__, '| device', '$ARTSDK_TEST_DEVICE')"
+} | tee "$OUT/machine.txt"
+
+$PY -m pytest -q -rA --junitxml="$OUT/junit.xml" -k "not vllm" \
+    tests/test_training_numerics.py \
+    "tests/test_local_training.py::test_full_loop_learns_to_answer_with_a_word" \
+    tests/test_tool_calls.py 2>&1 | tee "$OUT/tests.log"
+status=${PIPESTATUS[0]}
+
+# the figures the tests recorded (record_property), one line per test
+$PY - "$OUT/junit.xml" <<'EOF' | tee "$OUT/figures.txt"
+import sys
+import xml.etree.ElementTree as ET
+
+for case in ET.parse(sys.argv[1]).iter("testcase"):
+    props = {p.get("name"): p.get("value") for p in case.iter("property")}
+    if props:
+        print(case.get("name"), props)
+EOF
+exit "$status"
