@@ -8,9 +8,13 @@ rollout, no session) costs one ContextVar read and one dict check.
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from time import perf_counter
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+
+from .record import failed_call
 
 if TYPE_CHECKING:
     from ..trajectory import LLMCall
@@ -66,6 +70,27 @@ current_recorder: ContextVar[Optional[Recorder]] = ContextVar("artsdk_recorder",
 # Set while a patched call runs, so a client that calls another patched client internally
 # (litellm -> openai) is recorded once, by the outer patch.
 inside_call: ContextVar[bool] = ContextVar("artsdk_inside_call", default=False)
+
+
+@contextmanager
+def one_call(provider: str, kwargs: dict[str, Any],
+             request: Callable[[dict[str, Any]], Any]) -> Iterator[tuple[Optional[Recorder], float]]:
+    """Around one patched LLM call inside a rollout: yields (the rollout's recorder, the
+    start time); marks the call as running (``inside_call``); if it raises, records it as
+    a failed call (``request(kwargs)`` reads its model, messages, tools and params) and
+    notes a misspelt model name on the exception."""
+    rec = current_recorder.get()
+    token = inside_call.set(True)
+    t0 = perf_counter()
+    try:
+        yield rec, t0
+    except BaseException as exc:
+        if rec is not None:
+            rec.add(failed_call(provider, kwargs, exc, perf_counter() - t0, request(kwargs)))
+        hint_misspelt_model(exc, kwargs.get("model"))
+        raise
+    finally:
+        inside_call.reset(token)
 
 
 @dataclass(frozen=True)

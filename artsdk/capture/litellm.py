@@ -16,11 +16,10 @@ from typing import Any, Callable, Optional
 
 from ..trajectory import LLMCall
 from . import context
-from .context import Recorder, current_cassette, current_recorder, hint_misspelt_model, inside_call, route_for
+from .context import Recorder, current_cassette, current_recorder, one_call, route_for
 from .record import (
     StreamAccumulator,
     chunks_from_call,
-    failed_call,
     from_response,
     request_parts,
     response_from_call,
@@ -108,18 +107,8 @@ def _wrap_sync(orig: Callable[..., Any], kind: Kind) -> Callable[..., Any]:
         cassette = current_cassette.get()
         if cassette is not None:
             return _replay(kwargs, cassette, kind)
-        rec = current_recorder.get()
-        token = inside_call.set(True)
-        t0 = perf_counter()
-        try:
+        with one_call(kind.provider, kwargs, kind.request) as (rec, t0):
             resp = orig(**_route(kwargs))
-        except BaseException as exc:
-            if rec is not None:
-                rec.add(failed_call(kind.provider, kwargs, exc, perf_counter() - t0, kind.request(kwargs)))
-            hint_misspelt_model(exc, kwargs.get("model"))
-            raise
-        finally:
-            inside_call.reset(token)
         if rec is not None:
             _record(rec, kind, kwargs, resp, t0)
         return resp
@@ -136,18 +125,8 @@ def _wrap_async(orig: Callable[..., Any], kind: Kind) -> Callable[..., Any]:
         cassette = current_cassette.get()
         if cassette is not None:
             return _replay(kwargs, cassette, kind)
-        rec = current_recorder.get()
-        token = inside_call.set(True)
-        t0 = perf_counter()
-        try:
+        with one_call(kind.provider, kwargs, kind.request) as (rec, t0):
             resp = await orig(**_route(kwargs))
-        except BaseException as exc:
-            if rec is not None:
-                rec.add(failed_call(kind.provider, kwargs, exc, perf_counter() - t0, kind.request(kwargs)))
-            hint_misspelt_model(exc, kwargs.get("model"))
-            raise
-        finally:
-            inside_call.reset(token)
         if rec is not None:
             _record(rec, kind, kwargs, resp, t0)
         return resp

@@ -20,8 +20,7 @@ from typing import Any, Callable, Optional
 
 from ..trajectory import LLMCall
 from . import context, http_body
-from .context import (Recorder, Route, current_cassette, current_recorder, hint_misspelt_model, inside_call,
-                      route_for, routes)
+from .context import Recorder, Route, current_cassette, current_recorder, one_call, route_for, routes
 from .record import (
     StreamAccumulator,
     chunks_from_call,
@@ -163,18 +162,8 @@ def _wrap_sync(orig: Callable[..., Any], kind: str, api: API) -> Callable[..., A
             return _replay(self, kwargs, kind, cassette, api)
         target, override = _routed(self, kwargs.get("model"), api)
         send = {**kwargs, **override} if override else kwargs
-        rec = current_recorder.get()
-        token = inside_call.set(True)
-        t0 = perf_counter()
-        try:
+        with one_call(api.provider, kwargs, api.request) as (rec, t0):
             resp = orig(target, *args, **send)
-        except BaseException as exc:
-            if rec is not None:
-                rec.add(failed_call(api.provider, kwargs, exc, perf_counter() - t0, api.request(kwargs)))
-            hint_misspelt_model(exc, kwargs.get("model"))
-            raise
-        finally:
-            inside_call.reset(token)
         if rec is not None:
             _record(rec, api, kwargs, resp, t0, is_async=False)
         return resp
@@ -191,18 +180,8 @@ def _wrap_async(orig: Callable[..., Any], kind: str, api: API) -> Callable[..., 
             return _replay(self, kwargs, kind, cassette, api)
         target, override = _routed(self, kwargs.get("model"), api)
         send = {**kwargs, **override} if override else kwargs
-        rec = current_recorder.get()
-        token = inside_call.set(True)
-        t0 = perf_counter()
-        try:
+        with one_call(api.provider, kwargs, api.request) as (rec, t0):
             resp = await orig(target, *args, **send)
-        except BaseException as exc:
-            if rec is not None:
-                rec.add(failed_call(api.provider, kwargs, exc, perf_counter() - t0, api.request(kwargs)))
-            hint_misspelt_model(exc, kwargs.get("model"))
-            raise
-        finally:
-            inside_call.reset(token)
         if rec is not None:
             _record(rec, api, kwargs, resp, t0, is_async=True)
         return resp
