@@ -37,7 +37,7 @@ test: setup
 
 # For the GPU check (bench/gpu_check.sh) on a CUDA machine that has torch, transformers and
 # peft but no package registry: the project's other dependencies, at this venv's versions, as
-# wheels for its Python 3.12, in .whl/ (about 10 MB; carried there with the working tree)
+# wheels for its Python 3.12, in .whl/ (about 12 MB; carried there with the working tree)
 GPU_WHEELS = openai httpx2 httpcore2 truststore h11 jiter sniffio anyio pydantic pydantic-core \
 	annotated-types annotated-doc typing-inspection typing-extensions sqlmodel SQLAlchemy fastapi \
 	starlette uvicorn click peft
