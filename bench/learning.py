@@ -6,8 +6,9 @@ SmolLM2-135M (CPU): the held-out greedy score before and after N GRPO steps, see
 
 Each step gathers 8 prompts x 8 samples (temperature 1, at most 16 tokens) and trains once;
 the held-out set is 48 prompts the training never sees, answered greedily. Each (task, seed)
-trains a model of its own from the base model. A task's score is its mean reward: 1 for the exact answer alone, partial credit for the right answer inside
-more text, more the shorter the text. Without settings it measures the defaults; every run is added to
+trains a model of its own from the base model. A task's score is its mean reward: 1 for the
+exact answer alone, partial credit for the right answer inside more text, more the shorter
+the text. Without settings it measures the defaults; every run is added to
 bench/results/learning.json under its settings (replacing an earlier run of the same task and
 seed), so a sweep is several commands.
 """

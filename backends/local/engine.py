@@ -193,20 +193,20 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - reported to the request(s) that caused it
             if len(reqs) == 1:
                 log.exception("generation failed")
-                _fail(reqs[0], e)
+                settle(reqs[0].future, error=e)
                 return
             failure = e
         for r in reqs:
             if r.future.done():
                 continue
             if r.emitted:
-                _fail(r, failure)
+                settle(r.future, error=failure)
                 continue
             try:
                 self._generate([r], step)
             except Exception as e:  # noqa: BLE001
                 log.exception("generation failed for one request")
-                _fail(r, e)
+                settle(r.future, error=e)
 
     @torch.no_grad()
     def _generate(self, reqs: list[Request], step: int) -> None:
@@ -220,8 +220,7 @@ class Engine:
         with self.lock:
             self._decode(seqs, step)
         for r in reqs:
-            if not r.future.done():
-                settle(r.future, [s.out for s in seqs if s.req is r])
+            settle(r.future, [s.out for s in seqs if s.req is r])
         self.stats["batches"] += 1
         self.stats["sequences"] += len(seqs)
 
@@ -362,12 +361,6 @@ def append(s: Seq, token: int, logprob: float, tok: Any, stop_ids: set[int]) -> 
         s.done = True
         return True
     return False
-
-
-def _fail(req: Request, exc: BaseException) -> None:
-    if not req.future.done():
-        settle(req.future, error=exc)
-
 
 
 class _null:
