@@ -148,10 +148,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
             options[key] = _json.loads(value)
         except ValueError:
             options[key] = value
-    try:
-        from backends.remote.server import serve
-    except ImportError as e:
-        print(f"artsdk serve needs the server extras ({e}); pip install 'artsdk[local]'", file=sys.stderr)
+    serve = _command("serve")
+    if serve is None:
+        print("artsdk serve needs the server extras; pip install 'artsdk[local]'", file=sys.stderr)
         return 2
     key = a.api_key
     if a.api_key_file:
@@ -166,6 +165,19 @@ def cmd_serve(a: argparse.Namespace) -> int:
     serve(a.backend, a.host, a.port, key or os.environ.get("ARTSDK_API_KEY") or settings().api_key,
           a.home, **options)
     return 0
+
+
+def _command(name: str) -> Any:
+    """A command another distribution provides (entry points in ``artsdk.commands``, e.g.
+    ``serve``, from the backends); None when none is installed or it cannot be imported."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="artsdk.commands", name=name):
+        try:
+            return ep.load()
+        except ImportError as e:
+            print(f"artsdk {name}: {ep.value} cannot be imported ({e})", file=sys.stderr)
+    return None
 
 
 def cmd_view(a: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ import os
 import threading
 import tomllib
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -62,6 +62,13 @@ class Settings(BaseModel):
 _lock = threading.Lock()
 _overrides: dict[str, Any] = {}
 _cached: Optional[Settings] = None
+_listeners: list[Callable[[], None]] = []
+
+
+def on_change(listener: Callable[[], None]) -> None:
+    """Call ``listener()`` each time ``configure`` changes the settings (the default store
+    registers itself here, to be reopened from the new ones)."""
+    _listeners.append(listener)
 
 
 def _find_file(start: Path) -> tuple[Optional[Path], dict[str, Any]]:
@@ -161,7 +168,6 @@ def configure(**overrides: Any) -> Settings:
             else:
                 _overrides[k] = v
         _cached = None
-    from . import store as _store
-
-    _store.reset_default()
+    for listener in list(_listeners):
+        listener()
     return settings()

@@ -11,17 +11,18 @@ new = await art.replay.rerun(play, old[0])   # agent code re-run; each LLM call 
 
 from __future__ import annotations
 
-import json
 import typing
 from typing import Any, Optional, Sequence
 
 from pydantic import TypeAdapter
 
-from .capture.context import Cassette, current_cassette
+from .capture.cassette import Cassette, check_same_request, current_cassette
 from .errors import ReplayError
 from .rewards import RewardLike, score
 from .rollout import Rollout
-from .trajectory import Group, LLMCall, Trajectory
+from .trajectory import Group, Trajectory
+
+__all__ = ["rescore", "rescore_groups", "rerun", "check_same_request"]
 
 
 async def rescore(trajectories: Sequence[Trajectory], rewards: Sequence[RewardLike], *,
@@ -108,46 +109,3 @@ async def rerun(rollout: Rollout[Any], trajectory: Trajectory, *args: Any,
         )
     await score([new], rollout.rewards if rewards is None else rewards)
     return new
-
-
-def _norm(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    # compare what the model would see, not incidental keys or None-valued fields
-    keep = ("role", "content", "tool_calls", "tool_call_id", "name")
-    out = []
-    for m in messages:
-        d = {k: m[k] for k in keep if m.get(k) not in (None, [])}
-        if "tool_calls" in d:
-            d["tool_calls"] = [
-                {"name": tc.get("function", {}).get("name"),
-                 "arguments": tc.get("function", {}).get("arguments")}
-                for tc in d["tool_calls"]
-            ]
-        out.append(d)
-    return out
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value, default=repr)
-    return text if len(text) <= 120 else text[:117] + "..."
-
-
-def check_same_request(recorded: LLMCall, model: str, messages: list[dict[str, Any]],
-                       tools: Any, index: int, trajectory_id: str) -> None:
-    """Raise ReplayError describing the first difference between a recorded request and
-    the one the re-run makes."""
-    where = f"call {index} of trajectory {trajectory_id[:8]}"
-    if model != recorded.model:
-        raise ReplayError(f"{where}: model {model!r} differs from the recorded {recorded.model!r}")
-    a, b = _norm(recorded.messages), _norm(messages)
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            for key in sorted(set(x) | set(y)):
-                if x.get(key) != y.get(key):
-                    raise ReplayError(
-                        f"{where}: messages[{i}].{key} differs from the recording: recorded "
-                        f"{_short(x.get(key))}, got {_short(y.get(key))}"
-                    )
-    if len(a) != len(b):
-        raise ReplayError(f"{where}: the request has {len(b)} messages, the recording {len(a)}")
-    if (recorded.tools or None) != (tools or None):
-        raise ReplayError(f"{where}: the tools differ from the recording")

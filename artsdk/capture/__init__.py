@@ -12,6 +12,7 @@ import importlib.abc
 import importlib.machinery
 import sys
 import threading
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Optional, Sequence
 
@@ -19,9 +20,35 @@ from .context import Recorder, Route, current_recorder, routes
 
 __all__ = ["install", "uninstall", "Recorder", "Route", "current_recorder", "routes"]
 
-# library module -> artsdk module holding its patch()
-PATCHERS = {"openai": "artsdk.capture.openai", "litellm": "artsdk.capture.litellm", "dspy": "artsdk.capture.dspy",
-            "httpx": "artsdk.capture.sentinel", "httpx2": "artsdk.capture.sentinel"}
+
+@dataclass(frozen=True)
+class Patcher:
+    """How one client library is captured: the artsdk module whose ``patch(library,
+    *surfaces)`` / ``unpatch(...)`` wrap it, and the API surfaces it wraps
+    (``"module:NAME"``, each one file of its own)."""
+
+    module: str
+    surfaces: tuple[str, ...] = ()
+
+    def resolved(self) -> list[Any]:
+        out = []
+        for ref in self.surfaces:
+            module, _, name = ref.partition(":")
+            out.append(getattr(importlib.import_module(module), name))
+        return out
+
+
+# every library artsdk patches, and the surfaces of each
+PATCHERS = {
+    "openai": Patcher("artsdk.capture.openai_patch",
+                      ("artsdk.capture.openai:CHAT", "artsdk.capture.openai_responses:RESPONSES")),
+    "litellm": Patcher("artsdk.capture.litellm_patch",
+                       ("artsdk.capture.litellm:COMPLETION", "artsdk.capture.litellm_responses:RESPONSES")),
+    "dspy": Patcher("artsdk.capture.dspy"),
+    "httpx": Patcher("artsdk.capture.sentinel"),
+    "httpx2": Patcher("artsdk.capture.sentinel"),
+}
+
 _lock = threading.RLock()
 _patched: set[str] = set()
 
@@ -30,7 +57,8 @@ def _apply(name: str, module: ModuleType) -> None:
     with _lock:
         if name in _patched:
             return
-        importlib.import_module(PATCHERS[name]).patch(module)
+        patcher = PATCHERS[name]
+        importlib.import_module(patcher.module).patch(module, *patcher.resolved())
         _patched.add(name)
 
 
@@ -81,5 +109,6 @@ def uninstall() -> None:
         if _finder in sys.meta_path:
             sys.meta_path.remove(_finder)
         for name in list(_patched):
-            importlib.import_module(PATCHERS[name]).unpatch(sys.modules[name])
+            patcher = PATCHERS[name]
+            importlib.import_module(patcher.module).unpatch(sys.modules[name], *patcher.resolved())
             _patched.discard(name)

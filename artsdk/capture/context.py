@@ -1,8 +1,8 @@
-"""Which rollout an LLM call belongs to, where a trainable model's calls go, and which
-recording answers calls during a replay.
+"""Which rollout an LLM call belongs to, and where a trainable model's calls go.
 
-All three are looked up by the patched clients on every call, so the common case (no
-rollout, no session) costs one ContextVar read and one dict check.
+The patched clients look both up on every call (and the replay's recording, in
+``cassette.py``), so the common case (no rollout, no session) costs one ContextVar read and
+one dict check.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
+from .cassette import current_cassette
 from .record import failed_call
 
 if TYPE_CHECKING:
@@ -146,34 +147,6 @@ def _one_edit(a: str, b: str) -> bool:
     return short[i:] == long[i + 1:]
 
 
-class Cassette:
-    """The recorded calls of one trajectory, answered in order during ``replay.rerun``."""
-
-    def __init__(self, calls: list[LLMCall], trajectory_id: str) -> None:
-        self.calls = calls
-        self.trajectory_id = trajectory_id
-        self.position = 0
-        self._lock = threading.Lock()
-
-    def next_call(self, model: str, messages: list[dict[str, Any]], tools: Any) -> LLMCall:
-        from ..replay import check_same_request
-
-        with self._lock:
-            i = self.position
-            self.position += 1
-        if i >= len(self.calls):
-            from ..errors import ReplayError
-
-            raise ReplayError(
-                f"call {i} of the re-run has no recording: trajectory {self.trajectory_id} "
-                f"made only {len(self.calls)} call(s)"
-            )
-        recorded = self.calls[i]
-        check_same_request(recorded, model, messages, tools, i, self.trajectory_id)
-        return recorded
-
-
-current_cassette: ContextVar[Optional[Cassette]] = ContextVar("artsdk_cassette", default=None)
 
 
 def active() -> bool:

@@ -1,5 +1,5 @@
 """Capture for litellm's Responses API: ``responses`` and ``aresponses``, plain and
-streamed, through the machinery of ``litellm.py``; items and the chat view as for the
+streamed, through the machinery of ``litellm_patch.py``; items and the chat view as for the
 openai client's Responses API (``responses_record.py``)."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..trajectory import LLMCall
-from .litellm import Kind, ReplayStream, watch_stream_class
+from .litellm_patch import Kind, ReplayStream, watch_stream_class
+from .openai_patch import built_as
 from .responses_record import ResponsesStreamAccumulator, events_from_call, from_response, response_from_call
 from .responses_record import responses_request
 
@@ -15,8 +16,6 @@ PROVIDER = "litellm-responses"
 
 
 def _replay(kwargs: dict[str, Any], call: LLMCall) -> Any:
-    from .openai import built_as
-
     if kwargs.get("stream") is True:
         event = built_as("openai.types.responses:ResponseStreamEvent")
         return ReplayStream([event(e) for e in events_from_call(call)])

@@ -1,8 +1,8 @@
 """Capture for the openai client's Responses API: ``responses.create`` and ``.parse`` on
 ``OpenAI`` and ``AsyncOpenAI`` (``.stream()`` goes through ``create``), streamed or not,
 through the raw-response wrappers too -- the default model API of openai-agents and
-pydantic-ai. The machinery is the chat patch's (``openai.py``); what is particular to the
-Responses API is here and in ``responses_record.py``.
+pydantic-ai. The machinery is ``openai_patch.py``; what is particular to the Responses API
+is here and in ``responses_record.py``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..trajectory import LLMCall
-from .openai import API, built_as, replay_stream
+from .openai_patch import API, built_as, replay_stream
 from .responses_record import ResponsesStreamAccumulator, events_from_call, from_response, response_from_call
 from .responses_record import responses_request
 

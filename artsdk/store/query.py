@@ -1,15 +1,16 @@
-"""Reading the store: the SELECT for a set of filters, and rows back to trajectories."""
+"""Reading the store: the SELECT for a set of filters; trajectories, groups, steps and
+checkpoints back from their rows."""
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import sqlalchemy as sa
 
 from ..errors import StoreError
-from ..trajectory import Trajectory
+from ..trajectory import Group, Trajectory
 from . import tables as T
-from .rows import Table, build_trajectories
+from .rows import Table, build_trajectories, loads
 
 
 def select_trajectories(
@@ -73,3 +74,52 @@ def fetch(engine: sa.engine.Engine, conn: sa.Connection, q: sa.Select) -> Table:
         return cols, cursor.fetchall()
     finally:
         cursor.close()
+
+
+def load_groups(engine: sa.engine.Engine, where: str, *, project: Optional[str] = None,
+                model: Optional[str] = None, step: Optional[int] = None,
+                ids: Optional[Sequence[str]] = None) -> list[Group]:
+    """Stored groups with their trajectories (in group order; of a retried rollout, its
+    last attempt)."""
+    g = T.GroupRow.__table__
+    q = sa.select(g)
+    for col, value in (("project", project), ("model", model), ("step", step)):
+        if value is not None:
+            q = q.where(g.c[col] == value)
+    if ids is not None:
+        q = q.where(g.c.id.in_(list(ids)))
+    with engine.connect() as conn:
+        group_rows = conn.execute(q.order_by(g.c.created_at, g.c.id)).all()
+    if not group_rows:
+        return []
+    t = T.TrajectoryRow.__table__
+    members: dict[str, list[Trajectory]] = {}
+    for traj in load(engine, sa.select(t).where(t.c.group_id.in_(sa.select(q.subquery().c.id))), where):
+        members.setdefault(traj.group_id or "", []).append(traj)
+    out = []
+    for row in group_rows:
+        trajs = sorted(members.get(row.id, []), key=lambda x: (x.group_index or 0, x.attempt))
+        last: dict[int, Trajectory] = {}
+        for x in trajs:
+            last[x.group_index or 0] = x
+        out.append(Group(id=row.id, rollout=row.rollout, scenario=loads(row.scenario),
+                         trajectories=list(last.values())))
+    return out
+
+
+def load_steps(engine: sa.engine.Engine, project: str, model: str) -> list[dict[str, Any]]:
+    """A model's recorded training steps, oldest first."""
+    s = T.StepRow.__table__
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(s).where(s.c.project == project, s.c.model == model)
+                            .order_by(s.c.step)).all()
+    return [{"step": r.step, "metrics": loads(r.metrics), "created_at": r.created_at} for r in rows]
+
+
+def load_checkpoints(engine: sa.engine.Engine, project: str, model: str) -> list[dict[str, Any]]:
+    """A model's recorded checkpoints, oldest step first."""
+    c = T.CheckpointRow.__table__
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(c).where(c.c.project == project, c.c.model == model)
+                            .order_by(c.c.step)).all()
+    return [{"step": r.step, "path": r.path, "metrics": loads(r.metrics)} for r in rows]

@@ -33,7 +33,7 @@ from artsdk.response_items import chat_messages, chat_tools, items_of, output_it
 from .engine import Completion
 from .engine import Request as GenRequest
 from .served import ServedModel
-from .server import DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT, BadRequest, prepare, resolve, submit, submit_streaming
+from .generate import DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT, BadRequest, prepare, resolve, submit, submit_streaming
 
 KEPT = 1024  # stored responses, for previous_response_id
 

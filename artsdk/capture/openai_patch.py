@@ -1,0 +1,280 @@
+"""The machinery that captures the ``openai`` client's resources, on ``OpenAI`` and
+``AsyncOpenAI``: a resource's methods are wrapped so that, inside a rollout, each call is
+recorded, routed to the backend during a session, and answered from the recording during a
+replay. What differs from one resource to the next (chat completions in ``openai.py``, the
+Responses API in ``openai_responses.py``) is an ``API``; ``capture/__init__.py`` lists them.
+
+The patch sits on the resource classes, not on the HTTP transport, so it sees the same
+arguments and objects agent code sees whatever HTTP library the client uses underneath.
+Every way of reading the answer is recorded: the object, a stream (read to its end, left
+early, closed, or still open when the rollout ends), and the raw-response wrappers
+(``with_raw_response``, ``with_streaming_response``), whose bytes are decoded as they pass.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any, Callable, Optional
+
+from ..trajectory import LLMCall
+from . import context, http_body
+from .cassette import Cassette, current_cassette
+from .context import Recorder, Route, current_recorder, one_call, route_for, routes
+from .record import failed_call
+
+_RAW_HEADER = "X-Stainless-Raw-Response"
+_routed_clients: "weakref.WeakKeyDictionary[Any, dict[tuple[Route, str], Any]]" = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class API:
+    """What differs between the openai resources artsdk captures."""
+
+    provider: str  # LLMCall.provider
+    path: str  # the resource on a client, e.g. "chat.completions"
+    classes: Callable[[], tuple[type, type]]  # (sync resource class, async one), imported when patching
+    methods: tuple[str, ...]
+    request: Callable[[dict[str, Any]], tuple[str, list[dict[str, Any]], Any, dict[str, Any]]]
+    from_response: Callable[[dict[str, Any], Any, float], LLMCall]
+    accumulator: Callable[[dict[str, Any]], Any]  # .add(chunk), .to_call(latency, left_early, failure)
+    parse_body: Callable[[Any], Any]  # a JSON body -> the response object
+    parse_event: Callable[[Any], Any]  # one server-sent event's JSON -> the chunk / event object
+    replay: Callable[[Any, dict[str, Any], str, LLMCall], Any]  # what the client would have returned
+
+
+def built_as(type_name: str) -> Callable[[Any], Any]:
+    """JSON -> the openai type ``module:Name`` (imported when first used), built leniently, as
+    the client itself builds what it receives."""
+    def build(data: Any) -> Any:
+        import importlib
+
+        from openai._models import construct_type
+
+        module, name = type_name.split(":")
+        return construct_type(type_=getattr(importlib.import_module(module), name), value=data)
+
+    return build
+
+
+def patch(module: Any, *apis: API) -> None:
+    """Wrap the methods of each of ``apis`` in an imported ``openai`` module (idempotent)."""
+    for api in apis:
+        for cls, is_async in zip(api.classes(), (False, True)):
+            for name in api.methods:
+                orig = cls.__dict__.get(name)
+                if orig is None or getattr(orig, "__artsdk_wrapped__", False):
+                    continue
+                wrapper = _wrap_async(orig, name, api) if is_async else _wrap_sync(orig, name, api)
+                wrapper.__artsdk_wrapped__ = True  # type: ignore[attr-defined]
+                wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
+                wrapper.__name__ = name
+                wrapper.__doc__ = orig.__doc__
+                setattr(cls, name, wrapper)
+
+
+def unpatch(module: Any, *apis: API) -> None:
+    """Put back the methods ``patch`` wrapped."""
+    for api in apis:
+        for cls in api.classes():
+            for name in api.methods:
+                fn = cls.__dict__.get(name)
+                if getattr(fn, "__artsdk_wrapped__", False):
+                    setattr(cls, name, fn.__wrapped__)
+
+
+def _routed(resource: Any, model: Any, api: API) -> tuple[Any, dict[str, Any] | None]:
+    """The resource to send to: for a trainable model during a session, the same client
+    pointed at the backend's endpoint."""
+    found = route_for(model)
+    if found is None:
+        return resource, None
+    route, send_as = found
+    client = resource._client
+    per_client = _routed_clients.setdefault(client, {})
+    target = per_client.get((route, api.path))
+    if target is None:
+        # forget copies made for sessions that have ended (their servers are gone)
+        live = set(routes.values())
+        for old in [k for k in per_client if k[0] not in live]:
+            del per_client[old]
+        target = client.with_options(base_url=route.base_url, api_key=route.api_key)
+        for attr in api.path.split("."):
+            target = getattr(target, attr)
+        per_client[(route, api.path)] = target
+    return target, ({"model": send_as} if send_as != model else None)
+
+
+def _raw_mode(kwargs: dict[str, Any]) -> Optional[str]:
+    headers = kwargs.get("extra_headers")
+    return headers.get(_RAW_HEADER) if headers else None
+
+
+def _wrap_sync(orig: Callable[..., Any], kind: str, api: API) -> Callable[..., Any]:
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not context.active():
+            return orig(self, *args, **kwargs)
+        cassette = current_cassette.get()
+        if cassette is not None:
+            return _replay(self, kwargs, kind, cassette, api)
+        target, override = _routed(self, kwargs.get("model"), api)
+        send = {**kwargs, **override} if override else kwargs
+        with one_call(api.provider, kwargs, api.request) as (rec, t0):
+            resp = orig(target, *args, **send)
+        if rec is not None:
+            _record(rec, api, kwargs, resp, t0, is_async=False)
+        return resp
+
+    return call
+
+
+def _wrap_async(orig: Callable[..., Any], kind: str, api: API) -> Callable[..., Any]:
+    async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not context.active():
+            return await orig(self, *args, **kwargs)
+        cassette = current_cassette.get()
+        if cassette is not None:
+            return _replay(self, kwargs, kind, cassette, api)
+        target, override = _routed(self, kwargs.get("model"), api)
+        send = {**kwargs, **override} if override else kwargs
+        with one_call(api.provider, kwargs, api.request) as (rec, t0):
+            resp = await orig(target, *args, **send)
+        if rec is not None:
+            _record(rec, api, kwargs, resp, t0, is_async=True)
+        return resp
+
+    return call
+
+
+def _record(rec: Recorder, api: API, kwargs: dict[str, Any], resp: Any, t0: float, *, is_async: bool) -> None:
+    if _raw_mode(kwargs) is not None and hasattr(resp, "http_response"):
+        _watch_raw(rec, api, kwargs, resp.http_response, t0)
+    elif kwargs.get("stream") is True:
+        watch_stream(rec, api.accumulator(kwargs), resp, t0, is_async)
+    else:
+        rec.add(api.from_response(kwargs, resp, perf_counter() - t0))
+
+
+def _watch_raw(rec: Recorder, api: API, kwargs: dict[str, Any], http_response: Any, t0: float) -> None:
+    """A raw-response wrapper: the agent reads the body as it likes; the call is recorded
+    from the bytes once they are all in (or from what came, if the rollout ends first)."""
+    state: dict[str, Any] = {"slot": None, "call": None}
+
+    def done(body: bytes, complete: bool) -> None:
+        call = _from_body(api, kwargs, http_response, body, complete, perf_counter() - t0)
+        if state["slot"] is None:
+            state["call"] = call  # the body was in already
+        else:
+            rec.fill(state["slot"], call)
+
+    partial = http_body.watch_body(http_response, done)
+    if state["call"] is not None:
+        rec.add(state["call"])
+    else:
+        state["slot"] = rec.reserve(partial)
+
+
+def _from_body(api: API, kwargs: dict[str, Any], http_response: Any, body: bytes, complete: bool,
+               latency: float) -> LLMCall:
+    if http_body.is_event_stream(http_response):
+        acc = api.accumulator(kwargs)
+        events, _ = http_body.sse_events(body)
+        for data in events:
+            acc.add(api.parse_event(data))
+        return acc.to_call(latency, left_early=not complete)
+    data = http_body.json_body(body)
+    if complete and isinstance(data, dict):
+        try:
+            return api.from_response(kwargs, api.parse_body(data), latency)
+        except ValueError:
+            pass
+    problem = "the response body was not read to its end" if not complete else "the response body is not the API's JSON"
+    call = failed_call(api.provider, kwargs, ValueError(problem), latency, api.request(kwargs))
+    call.incomplete = not complete
+    return call
+
+
+def watch_stream(rec: Recorder, acc: Any, stream: Any, t0: float, is_async: bool) -> None:
+    """Record the stream the agent iterates without changing it: the chunks pass through
+    untouched, and the assembled call is recorded when the stream ends, is closed, is left
+    early, or when the rollout finishes first."""
+    done = False
+
+    def finish(left_early: bool, failure: Optional[str] = None) -> None:
+        nonlocal done
+        if not done:
+            done = True
+            rec.fill(slot, acc.to_call(perf_counter() - t0, left_early, failure))
+
+    slot = rec.reserve(lambda: finish(True))
+    inner = stream._iterator
+    orig_close = stream.close
+
+    if is_async:
+        async def agen() -> Any:
+            complete, failure = False, None
+            try:
+                async for chunk in inner:
+                    acc.add(chunk)
+                    yield chunk
+                complete = True
+            except Exception as e:
+                failure = f"{type(e).__name__}: {e}"
+                raise
+            finally:
+                finish(not complete, failure)
+
+        async def aclose() -> None:
+            try:
+                await orig_close()
+            finally:
+                finish(True)
+
+        stream._iterator = agen()
+        stream.close = aclose
+    else:
+        def gen() -> Any:
+            complete, failure = False, None
+            try:
+                for chunk in inner:
+                    acc.add(chunk)
+                    yield chunk
+                complete = True
+            except Exception as e:
+                failure = f"{type(e).__name__}: {e}"
+                raise
+            finally:
+                finish(not complete, failure)
+
+        def close() -> None:
+            try:
+                orig_close()
+            finally:
+                finish(True)
+
+        stream._iterator = gen()
+        stream.close = close
+
+
+def _replay(resource: Any, kwargs: dict[str, Any], kind: str, cassette: Cassette, api: API) -> Any:
+    model, messages, tools, _ = api.request(kwargs)
+    call = cassette.next_call(model, messages, tools)
+    rec = current_recorder.get()
+    if rec is not None:
+        rec.add(call.model_copy(deep=True))
+    return api.replay(resource, kwargs, kind, call)
+
+
+def replay_stream(resource: Any, item_type: type, events: list[dict[str, Any]], path: str) -> Any:
+    """A Stream (or AsyncStream) of ``item_type`` that yields ``events``, as the client
+    would build one from the network."""
+    import httpx2
+    from openai import AsyncStream, Stream
+
+    body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+    response = httpx2.Response(200, content=body.encode(), headers={"content-type": "text/event-stream"},
+                               request=httpx2.Request("POST", f"http://replay.invalid/{path}"))
+    cls = AsyncStream if type(resource).__name__.startswith("Async") else Stream
+    return cls(cast_to=item_type, response=response, client=resource._client)

@@ -1,0 +1,112 @@
+"""Writing to the store: the rows of a submission (trajectories with their calls, choices
+and rewards, and groups), and the writer's commit of several submissions at once -- one
+INSERT per table for all of them."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import sqlalchemy as sa
+
+from ..trajectory import Group, Trajectory
+from . import tables as T
+from .rows import Rows, dumps, gc_paused, group_row, trajectory_rows
+from .writer import Job
+
+
+def submission(trajectories: Iterable[Trajectory], groups: Sequence[Group], replace: bool) -> Job:
+    """A writer job holding the rows of ``trajectories`` and ``groups``; if it cannot be
+    committed, its ``dump`` keeps the data as JSON."""
+    trajs = list(trajectories)
+    now = time.time()
+    batch = Rows(
+        groups=[group_row(g, g[0].project if len(g) else None, g[0].model if len(g) else None,
+                          g[0].step if len(g) else None, now) for g in groups],
+        projects={t.project for t in trajs if t.project},
+        replace=replace,
+    )
+    with gc_paused():
+        for t in trajs:
+            row, calls, choices, rewards = trajectory_rows(t)
+            batch.tables[T.TrajectoryRow].append(row)
+            batch.tables[T.CallRow].extend(calls)
+            batch.tables[T.ChoiceRow].extend(choices)
+            batch.tables[T.RewardRow].extend(rewards)
+    label = f"trajectory {trajs[0].id}" if len(trajs) == 1 else f"{len(trajs)} trajectories"
+
+    def dump() -> str:
+        return dumps({"trajectories": [t.model_dump(mode="json", fallback=repr) for t in trajs],
+                      "groups": batch.groups})
+
+    return Job(batch, label, dump)
+
+
+def write(conn: sa.Connection, jobs: Sequence[Job]) -> None:
+    """Write what several jobs hold in one transaction: one INSERT per table for all of them
+    (a job may instead hold a function that writes, for steps, models and checkpoints)."""
+    merged: dict[Any, list[dict[str, Any]]] = {table: [] for table in Rows.ORDER}
+    groups: list[dict[str, Any]] = []
+    projects: set[str] = set()
+    for job in jobs:
+        rows = job.rows
+        if callable(rows):
+            rows(conn)
+            continue
+        if rows.replace:
+            _delete(conn, [r["id"] for r in rows.tables[T.TrajectoryRow]], [g["id"] for g in rows.groups])
+        for table in Rows.ORDER:
+            merged[table].extend(rows.tables[table])
+        groups.extend(rows.groups)
+        projects |= rows.projects
+    for p in sorted(projects):
+        ensure_project(conn, p)
+    _insert(conn, T.GroupRow, groups)
+    for table in Rows.ORDER:
+        _insert(conn, table, merged[table])
+
+
+def upsert(table: Any, key: dict[str, Any], values: dict[str, Any]) -> Callable[[sa.Connection], None]:
+    """A write that sets ``values`` on the row of ``table`` with ``key``, inserting it if new."""
+    t = table.__table__
+
+    def run(conn: sa.Connection) -> None:
+        cond = sa.and_(*(t.c[k] == v for k, v in key.items()))
+        if conn.execute(sa.select(sa.func.count()).select_from(t).where(cond)).scalar():
+            conn.execute(sa.update(t).where(cond).values(**values))
+        else:
+            conn.execute(sa.insert(t), [{**key, **values}])
+        if "project" in key:
+            ensure_project(conn, key["project"])
+
+    return run
+
+
+def ensure_project(conn: sa.Connection, name: str) -> None:
+    t = T.ProjectRow.__table__
+    if conn.execute(sa.select(t.c.name).where(t.c.name == name)).first() is None:
+        conn.execute(sa.insert(t), [{"name": name, "created_at": time.time()}])
+
+
+def _insert(conn: sa.Connection, table: Any, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    t = table.__table__
+    if conn.dialect.name == "sqlite":
+        # the DB-API executemany with tuples: about twice as fast as a Core insert of
+        # dicts, which spends its time processing each row's parameters
+        # (every row of a table is built by one dict literal: same keys, same order)
+        cols = list(rows[0])
+        sql = f"INSERT INTO {t.name} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+        conn.exec_driver_sql(sql, [tuple(r.values()) for r in rows])
+    else:
+        conn.execute(sa.insert(t), rows)
+
+
+def _delete(conn: sa.Connection, ids: list[str], group_ids: list[str]) -> None:
+    for table in (T.TrajectoryRow, *T.TRAJECTORY_CHILDREN):
+        col = table.__table__.c["id" if table is T.TrajectoryRow else "trajectory_id"]
+        conn.execute(sa.delete(table.__table__).where(col.in_(ids)))
+    if group_ids:
+        g = T.GroupRow.__table__
+        conn.execute(sa.delete(g).where(g.c.id.in_(group_ids)))

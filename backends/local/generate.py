@@ -1,0 +1,88 @@
+"""From the fields of an inference request to a generation on the engine, for every route
+of the local server (chat completions, the Responses API): the model and step a request
+names, its prompt through the chat template, the answer's budget, and the submission,
+pinned to its step until it is answered."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any, Optional
+
+from artsdk.errors import TrajectoryError
+
+from .engine import Request as GenRequest
+from .served import ServedModel
+
+MAX_BODY = 16 * 1024 * 1024
+DEFAULT_MAX_TOKENS = 1024
+MAX_TOKENS_LIMIT = 1_000_000
+_STEP = re.compile(r"[0-9]{1,9}")
+
+
+class BadRequest(Exception):
+    """A request this server will not run as sent: answered with ``status`` (400) and a
+    message naming ``param``, the field at fault."""
+
+    def __init__(self, message: str, param: Optional[str] = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.param = param
+        self.status = status
+
+
+def prepare(served: ServedModel, messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]], where: str,
+            *, max_tokens: int, **sampling: Any) -> GenRequest:
+    """A generation request for a conversation: its prompt through the chat template, the
+    answer's budget cut to what the context leaves. BadRequest (naming ``where``) when the
+    messages do not render or do not fit."""
+    try:
+        prompt = served.chat.prompt_ids(messages, tools)
+    except TrajectoryError as e:
+        raise BadRequest(str(e), where) from None
+    room = served.context_length - len(prompt)
+    if room <= 0:
+        raise BadRequest(f"the prompt is {len(prompt)} tokens, longer than the model's context of "
+                         f"{served.context_length}; shorten the conversation", where)
+    return GenRequest(prompt=prompt, max_tokens=min(max_tokens, room), **sampling)
+
+
+def resolve(models: dict[str, ServedModel], requested: str) -> tuple[ServedModel, Optional[int]]:
+    """The model a request names and the step it asks for (None: the newest when submitted)."""
+    name, at, step_text = requested.partition("@")
+    served = models.get(name)
+    if served is None:
+        known = ", ".join(sorted(models)) or "none registered"
+        raise BadRequest(f"unknown model {requested[:100]!r}; this server has: {known}", "model")
+    if not at:
+        return served, None
+    if not _STEP.fullmatch(step_text) or int(step_text) not in served.serving:
+        raise BadRequest(f"{requested[:100]!r}: step {step_text[:20]} is not being served "
+                         f"(serving {sorted(served.serving)}); ask for {name!r} for the newest", "model")
+    return served, int(step_text)
+
+
+def submit_streaming(served: ServedModel, req: GenRequest, step: Optional[int]) -> tuple[Any, "asyncio.Queue[Any]"]:
+    """``submit`` for a streamed answer: (the future, a queue that receives each sampled
+    token as (choice index, token id, logprob, new text), then None when generation ends)."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[Any] = asyncio.Queue()
+    req.on_token = lambda *ev: loop.call_soon_threadsafe(events.put_nowait, ev)
+    future = submit(served, req, step)
+    future.add_done_callback(lambda f: loop.call_soon_threadsafe(events.put_nowait, None))
+    return future, events
+
+
+def submit(served: ServedModel, req: GenRequest, step: Optional[int]) -> Any:
+    """Hand the request to the engine, pinned to its step until it is answered."""
+    try:
+        return served.submit(req, step)
+    except ValueError as e:  # the step asked for was retired since it was checked
+        raise BadRequest(f"{served.spec.name}@{step}: {e}; ask for {served.spec.name!r} for the newest",
+                         "model") from None
+
+
+def logprob_content(served: ServedModel, ids: list[int], lps: list[float]) -> list[dict[str, Any]]:
+    return [{"token": served.tokenizer.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
+            for t, lp in zip(ids, lps)]
+
+
