@@ -22,7 +22,8 @@ import torch
 import artsdk as art
 from bench.common import local_model, save_result
 from artsdk.testing import trajectory
-from backends.local.trainer import advantages, pack, segments, token_logprobs
+from backends.local.batch import advantages, pack, segments
+from backends.local.trainer import token_logprobs
 
 
 def make_groups(n_groups: int, group_size: int, vocab: int, seed: int = 0) -> list[art.Group]:
@@ -48,7 +49,7 @@ def bare_step(served, groups, budget: int, kept: bool) -> float:
     optimizer step; nothing else. ``kept``: logits only at the trained positions, as artsdk
     computes them; otherwise at every position, as a plain causal-LM loss would."""
     scored, _ = advantages(groups, scale=True)
-    rows = pack([segments(t, a, served.tokenizing())[0] for t, a in scored], budget)
+    rows = pack([segments(t, a, served.tokenizing()).segments for t, a in scored], budget)
     model = served.model
     model.set_adapter("policy")
     model.train()

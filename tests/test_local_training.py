@@ -13,7 +13,8 @@ from tests.conftest import DEVICE, ENGINES
 from tests.learning import WORDS, learn_to_say
 
 from backends.local import LocalBackend
-from backends.local.trainer import LOSSES, Segment, pack, token_logprobs
+from backends.local.batch import Segment, pack
+from backends.local.trainer import LOSSES, token_logprobs
 
 pytestmark = pytest.mark.anyio
 
@@ -100,19 +101,22 @@ async def test_every_loss_trains(tmp_path, loss):
     model = art.TrainableModel("l", base_model="tiny", config={"train": {"loss": loss}})
     await be.register(model)
     served = be.models["l"]
-    res = await be.train(model, _groups(served), beta=0.05)
+    res = await be.train(model, _groups(served))
     m = res.metrics
     assert res.groups_skipped == 1 and res.groups_trained == 2
     # the reward-0.5 trajectory of each group has advantage 0: nothing to learn from it
     assert m["tokens_trained"] == 4 * 4 and m["sequences"] == 4
-    assert m["grad_norm"] > 0 and math.isfinite(m["loss"]) and m["kl"] >= 0
+    assert m["grad_norm"] > 0 and math.isfinite(m["loss"]) and m["kl"] == 0
     prompt_len = len(served.chat.prompt_ids([{"role": "user", "content": "go"}]))
     assert 0 <= m["clip_fraction"] <= 1 and m["tokens_total"] == 4 * (prompt_len + 4)
+    # with a KL term every trajectory is pulled toward the base model, advantage or not
+    m = (await be.train(model, _groups(served), beta=0.05)).metrics
+    assert m["tokens_trained"] == 9 * 4 and m["sequences"] == 9 and m["kl"] > 0
     await be.close()
 
 
 async def test_multi_turn_extends_one_sequence_and_bad_settings(tmp_path):
-    from backends.local.trainer import segments
+    from backends.local.batch import segments
 
     be = make_backend(tmp_path)
     model = art.TrainableModel("m", base_model="tiny")
@@ -127,11 +131,11 @@ async def test_multi_turn_extends_one_sequence_and_bad_settings(tmp_path):
     t.calls[1].choices[0].token_ids, t.calls[1].choices[0].logprobs = [9], [-1.0]
     tk = served.tokenizing()
     tk.policy = "test"  # the model hand-made calls name
-    segs, _ = segments(t, 1.0, tk)
+    segs = segments(t, 1.0, tk).segments
     assert len(segs) == 1 and segs[0].tokens == p1 + [7, 8, 3, 4, 9]
     assert segs[0].trained == [False] * len(p1) + [True, True, False, False, True]
     t.calls[1].prompt_token_ids = [99] + p1  # does not extend: a second sequence
-    assert len(segments(t, 1.0, tk)[0]) == 2
+    assert len(segments(t, 1.0, tk).segments) == 2
     with pytest.raises(art.BackendError, match="unknown loss 'ppo'"):
         await be.train(model, [], loss="ppo")
     with pytest.raises(art.BackendError, match=r"unknown training setting\(s\) \['lr'\]"):

@@ -93,6 +93,14 @@ async def test_request_arriving_during_a_step_keeps_its_adapter(tmp_path, monkey
         return real(*a, **kw)
 
     monkeypatch.setattr(served_module, "train_step", slow_step)
+    go = threading.Event()
+    if engine == "builtin":
+        # the requests start generating only once the step is over -- published, and the old
+        # one let go if nothing held it -- so they are still in flight when step 1 could be retired
+        generate = served.engine._generate_isolated
+        monkeypatch.setattr(served.engine, "_generate_isolated", lambda reqs, step: (go.wait(30), generate(reqs, step)))
+    else:
+        go.set()
     client = AsyncOpenAI(base_url=endpoint.base_url, api_key="x", max_retries=0)
     training = asyncio.create_task(be.train(model, groups))
     await asyncio.to_thread(started.wait, 30)
@@ -105,6 +113,8 @@ async def test_request_arriving_during_a_step_keeps_its_adapter(tmp_path, monkey
     await asyncio.sleep(0.2)
     release.set()
     result = await training
+    assert served.pins.get(1) == 8 and 1 in served.serving  # held by the requests: still served
+    go.set()
     answers = await asyncio.gather(*asking)  # failed with KeyError: 1 when step 1's adapter was retired under them
     assert result.step == 2
     assert {a.model for a in answers} == {"busy@1"}  # pinned when they arrived, answered by that adapter
@@ -312,7 +322,7 @@ async def test_bf16_loop_ratio_one_clip_zero_and_served_equals_trained(tmp_path,
 # -- a Responses call that continues an earlier response ---------------------------------
 
 async def test_previous_response_id_is_resolved_or_refused_never_truncated(tmp_path):
-    from backends.local.trainer import segments
+    from backends.local.batch import segments
 
     be = make_backend(tmp_path)
     await be.register(art.TrainableModel("p", base_model="tiny"))
@@ -326,7 +336,7 @@ async def test_previous_response_id_is_resolved_or_refused_never_truncated(tmp_p
                          choices=[art.Choice(message={"role": "assistant", "content": "four", "id": "resp_2"},
                                              token_ids=[12], logprobs=[-1.0])])
     t = art.Trajectory(calls=[first, second], reward=1.0)
-    segs, _ = segments(t, 1.0, served.tokenizing())
+    segs = segments(t, 1.0, served.tokenizing()).segments
     whole = served.chat.prompt_ids([{"role": "user", "content": "one"}, {"role": "assistant", "content": "two"},
                                     {"role": "user", "content": "three"}])
     assert segs[-1].tokens[:len(whole)] == whole  # the whole conversation, not "three" alone

@@ -70,7 +70,9 @@ class Checkpoints:
         folder = self.path(step)
         set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")),
                                   adapter_name=self.adapter)
-        extra = torch.load(folder / "optimizer.pt", weights_only=False)
+        # a checkpoint written on a GPU resumes on a CPU machine: read everything onto the CPU
+        # (load_state_dict then moves the optimizer's state to wherever its parameters are)
+        extra = torch.load(folder / "optimizer.pt", weights_only=False, map_location="cpu")
         optimizer.load_state_dict(extra["optimizer"])
         torch.set_rng_state(extra["rng"])
         return self.state(step)

@@ -128,6 +128,10 @@ class Engine:
                 while name in self.model.peft_config:
                     name += "x"
                 self.model.add_adapter(name, self.model.peft_config["policy"])
+            if self.merger is not None and self.merger.merged == name:
+                # the weights merged in are this slot's old ones (a retired step's): unmerge, or the
+                # new step would be answered by the old one's weights
+                self.merger.restore()
             params = dict(self.model.named_parameters())
             with torch.no_grad():
                 for key, p in params.items():

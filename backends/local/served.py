@@ -26,7 +26,8 @@ from . import models
 from .chat import ChatFormat, message_text
 from .checkpoints import Checkpoints
 from .engine import Completion, Request
-from .trainer import TrainConfig, Tokenizing, train_step
+from .batch import Tokenizing
+from .trainer import TrainConfig, train_step
 
 log = logging.getLogger("artsdk.local")
 
@@ -172,8 +173,8 @@ class ServedModel:
         from moves nothing: (the same step, metrics, None). ``stop`` set before the update
         raises StepInterrupted, with nothing moved or written."""
         cfg = TrainConfig.build(self.train_config, overrides)
-        for g in self.optimizer.param_groups:
-            g["lr"] = cfg.learning_rate
+        for g in self.optimizer.param_groups:  # the step's own settings, which run.train may override
+            g["lr"], g["weight_decay"] = cfg.learning_rate, cfg.weight_decay
         with self._train_lock:
             with self.engine.training():
                 self.model.set_adapter("policy")
@@ -193,7 +194,7 @@ class ServedModel:
     def tokenizing(self) -> Tokenizing:
         """What the trainer needs to turn this model's trajectories into tokens."""
         return Tokenizing(policy=self.spec.name, vocab_size=self.model.get_input_embeddings().weight.shape[0],
-                          context_length=self.context_length,
+                          context_length=self.context_length, step=self.step,
                           prompt_ids=self.chat.prompt_ids,
                           completion_ids=self._completion_ids)
 

@@ -134,6 +134,7 @@ class VLLMEngine:
                 "--enable-lora", "--max-lora-rank", str(rank), "--max-loras", str(options.max_loras),
                 "--max-cpu-loras", str(options.max_loras * 2),
                 "--logprobs-mode", "processed_logprobs",
+                "--generation-config", "vllm",  # vLLM's neutral defaults, not the model's (top_k 20...)
                 "--tensor-parallel-size", str(options.tensor_parallel_size),
                 "--data-parallel-size", str(options.data_parallel_size),
                 "--disable-uvicorn-access-log"]
@@ -260,6 +261,9 @@ class VLLMEngine:
         body: dict[str, Any] = {
             "model": self._model(req.step), "prompt": req.prompt, "max_tokens": req.max_tokens, "n": req.n,
             "temperature": temperature, "top_p": req.top_p, "min_tokens": req.min_tokens,
+            # every other sampling setting stated, so vLLM samples exactly the distribution the trainer
+            # scores (it fills unsent ones from the model's generation_config.json, unless told not to)
+            "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
             "stop": req.stop or None, "stop_token_ids": sorted(self.stop_ids), "seed": req.seed,
             "logprobs": 0, "return_token_ids": True, "stream": True, "skip_special_tokens": False,
         }
