@@ -1,16 +1,19 @@
-"""Do the default training settings learn? Three small tasks with short exact answers on
-SmolLM2-135M (CPU): the held-out greedy score before and after N GRPO steps, seeded.
+"""Do the default training settings learn, on tasks of different kinds? SmolLM2-135M (CPU):
+the held-out greedy score before and after N GRPO steps, seeded.
 
-    python -m bench.learning [--steps 10] [--seeds 0 1 2] [--tasks add larger sentiment]
-                             [--learning-rate 1e-4 --loss cispo ...]   # a setting to compare
+    python -m bench.learning [--steps 10] [--seeds 0 1] [--tasks add capital json calc ...]
+                             [--learning-rate 1e-4 --loss cispo --minibatches 4 ...]   # settings to compare
 
-Each step gathers 8 prompts x 8 samples (temperature 1, at most 16 tokens) and trains once;
-the held-out set is 48 prompts the training never sees, answered greedily. Each (task, seed)
-trains a model of its own from the base model. A task's score is its mean reward: 1 for the
-exact answer alone, partial credit for the right answer inside more text, more the shorter
-the text. Without settings it measures the defaults; every run is added to
-bench/results/learning.json under its settings (replacing an earlier run of the same task and
-seed), so a sweep is several commands.
+Tasks: short exact answers (``add``: two-digit addition, ``larger``: the larger of two numbers,
+``sentiment``: the demo's review labeller, ``capital``: a country's capital, held-out countries
+never trained on), format following (``json``: the sum as a JSON object) and multi-turn with a
+tool (``calc``: a product asked, a calculator's result given in a second turn, the final answer
+trained with both turns). Each step gathers 8 prompts x 8 samples (temperature 1, at most 16
+tokens a turn) and trains once; the held-out set is 48 prompts the training never sees,
+answered greedily. Each (task, seed) trains a model of its own from the base model. A task's
+score is its mean reward (see ``score``). Without settings it measures the defaults; every run
+is added to bench/results/learning.json under its settings (replacing an earlier run of the
+same task and seed), so a sweep is several commands.
 """
 
 from __future__ import annotations
@@ -32,46 +35,106 @@ from examples.reviews.reviews import reviews
 
 GROUPS, GROUP_SIZE, HELD_OUT, MAX_TOKENS = 8, 8, 48, 16
 
-# -- the tasks: (prompt, answer) from a seeded generator, and a reward on the reply -------
+# -- the tasks: a scenario from a seeded generator (held-out ones apart), a reward on the reply --
 
-def add(rng: random.Random) -> tuple[str, str]:
+CAPITALS = {
+    "France": "Paris", "Japan": "Tokyo", "Italy": "Rome", "Germany": "Berlin", "Spain": "Madrid",
+    "Russia": "Moscow", "China": "Beijing", "Egypt": "Cairo", "England": "London", "Canada": "Ottawa",
+    "Australia": "Canberra", "Greece": "Athens", "Portugal": "Lisbon", "Austria": "Vienna", "Norway": "Oslo",
+    "Sweden": "Stockholm", "Finland": "Helsinki", "Denmark": "Copenhagen", "Poland": "Warsaw",
+    "Ireland": "Dublin", "Hungary": "Budapest", "Kenya": "Nairobi", "Peru": "Lima", "Chile": "Santiago",
+    "Cuba": "Havana", "Thailand": "Bangkok", "Turkey": "Ankara", "Iran": "Tehran", "Iraq": "Baghdad",
+    "Belgium": "Brussels", "Netherlands": "Amsterdam", "Switzerland": "Bern", "Romania": "Bucharest",
+    "Ukraine": "Kyiv", "Vietnam": "Hanoi", "Indonesia": "Jakarta", "Philippines": "Manila",
+    "Nigeria": "Abuja", "Morocco": "Rabat", "Colombia": "Bogota", "Venezuela": "Caracas",
+    "Iceland": "Reykjavik", "Lebanon": "Beirut", "Syria": "Damascus", "Afghanistan": "Kabul",
+    "Pakistan": "Islamabad", "Nepal": "Kathmandu", "Bangladesh": "Dhaka", "Ghana": "Accra", "Senegal": "Dakar",
+    "Jamaica": "Kingston", "Qatar": "Doha",
+}
+HELD_OUT_COUNTRIES = sorted(CAPITALS)[::4]  # never in a training prompt: the format must carry over
+
+
+def add(rng: random.Random, held_out: bool) -> dict[str, str]:
     a, b = rng.randint(10, 49), rng.randint(10, 49)
-    return f"What is {a} + {b}? Answer with the number only.", str(a + b)
+    return {"prompt": f"What is {a} + {b}? Answer with the number only.", "answer": str(a + b)}
 
 
-def larger(rng: random.Random) -> tuple[str, str]:
+def larger(rng: random.Random, held_out: bool) -> dict[str, str]:
     a, b = rng.sample(range(10, 100), 2)
-    return f"Which number is larger, {a} or {b}? Reply with the number only.", str(max(a, b))
+    return {"prompt": f"Which number is larger, {a} or {b}? Reply with the number only.", "answer": str(max(a, b))}
 
 
-def sentiment(rng: random.Random) -> tuple[str, str]:
+def sentiment(rng: random.Random, held_out: bool) -> dict[str, str]:
     """The review labeller of examples/reviews (the demo)."""
     (review,) = reviews(1, rng.randrange(2**31))
-    return prompt(review), review.label
+    return {"prompt": prompt(review), "answer": review.label}
 
 
-TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {"add": add, "larger": larger, "sentiment": sentiment}
+def capital(rng: random.Random, held_out: bool) -> dict[str, str]:
+    pool = HELD_OUT_COUNTRIES if held_out else [c for c in sorted(CAPITALS) if c not in HELD_OUT_COUNTRIES]
+    country = rng.choice(pool)
+    return {"prompt": f"What is the capital of {country}? Answer with the city name only.",
+            "answer": CAPITALS[country].lower()}
+
+
+def as_json(rng: random.Random, held_out: bool) -> dict[str, str]:
+    a, b = rng.randint(1, 9), rng.randint(1, 9)
+    return {"prompt": f'What is {a} + {b}? Reply with JSON only, like {{"answer": 3}}.', "answer": str(a + b)}
+
+
+def calc(rng: random.Random, held_out: bool) -> dict[str, str]:
+    a, b = rng.randint(12, 49), rng.randint(3, 9)
+    return {"prompt": f"What is {a} times {b}?", "answer": str(a * b),
+            "followup": f"The calculator says {a} x {b} = {a * b}. Reply with the final answer only, the number."}
+
+
+TASKS: dict[str, Callable[[random.Random, bool], dict[str, str]]] = {
+    "add": add, "larger": larger, "sentiment": sentiment, "capital": capital, "json": as_json, "calc": calc}
 
 
 def score(reply: str, scenario: dict[str, str]) -> float:
-    """The right answer alone 1, the right answer first in more text 0.5 + 0.5 / words
-    (examples/reviews' ``shaped``). Candidates: a number other than the two added, one of the
-    two numbers compared, one of the two labels."""
+    """json: 1 for the reply being exactly ``{"answer": <the sum>}`` (any JSON spacing), 0.75 for
+    that object with text around it, 0.5 / 0.25 for such an object with a wrong answer, else 0.
+    The others: the right answer alone 1, the right answer first among the candidates in more
+    text 0.5 + 0.5 / words (examples/reviews' ``shaped``), else 0. Candidates: a number other
+    than those asked about (add, calc), one of the two numbers (larger), a label (sentiment), a
+    capital (capital)."""
     answer, task = scenario["answer"], scenario["task"]
+    if task == "json":
+        return _json_score(reply, answer)
     words = re.findall(r"[a-z]+|\d+", reply.lower())
     asked = re.findall(r"\d+", scenario["prompt"])
     if task == "sentiment":
         candidates = [w for w in words if w in ("positive", "negative")]
     elif task == "larger":
         candidates = [w for w in words if w in asked]
+    elif task == "capital":
+        capitals = {c.lower() for c in CAPITALS.values()}
+        candidates = [w for w in words if w in capitals]
     else:
         candidates = [w for w in words if w.isdigit() and w not in asked]
     return shaped(words, candidates, answer)
 
 
-def scenarios(task: str, n: int, seed: int) -> list[dict[str, str]]:
+def _json_score(reply: str, answer: str) -> float:
+    text, whole = reply.strip(), True
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        found, whole = re.search(r"\{[^{}]*\}", text), False
+        try:
+            obj = json.loads(found.group()) if found else None
+        except ValueError:
+            obj = None
+    if not isinstance(obj, dict) or "answer" not in obj:
+        return 0.0
+    right = str(obj["answer"]).strip() == answer
+    return (1.0 if right else 0.5) if whole else (0.75 if right else 0.25)
+
+
+def scenarios(task: str, n: int, seed: int, held_out: bool = False) -> list[dict[str, str]]:
     rng = random.Random(f"{task}-{seed}")
-    return [dict(zip(("prompt", "answer"), TASKS[task](rng)), task=task) for _ in range(n)]
+    return [{**TASKS[task](rng, held_out), "task": task} for _ in range(n)]
 
 
 # -- the agent and its reward -----------------------------------------------------------
@@ -83,9 +146,14 @@ def build(model_name: str) -> tuple[art.Rollout, Any, Any]:
 
     @art.rollout
     async def answer(task: dict[str, str], temperature: float = 1.0) -> str:
-        r = await client.chat.completions.create(
-            model=model_name, messages=[{"role": "user", "content": task["prompt"]}],
-            max_tokens=MAX_TOKENS, temperature=temperature)
+        messages = [{"role": "user", "content": task["prompt"]}]
+        r = await client.chat.completions.create(model=model_name, messages=messages, max_tokens=MAX_TOKENS,
+                                                 temperature=temperature)
+        if task.get("followup"):  # a second turn, after the tool's result
+            messages += [{"role": "assistant", "content": r.choices[0].message.content or ""},
+                         {"role": "user", "content": task["followup"]}]
+            r = await client.chat.completions.create(model=model_name, messages=messages, max_tokens=MAX_TOKENS,
+                                                     temperature=temperature)
         return r.choices[0].message.content or ""
 
     @art.reward
@@ -103,7 +171,7 @@ async def run_task(task: str, seed: int, settings: dict[str, Any], steps: int, h
     rollout, reward, client = build(name)
     model = art.TrainableModel(name, base_model="HuggingFaceTB/SmolLM2-135M-Instruct", project="learning",
                                config={"train": {"seed": seed, **settings}})
-    held_out = [art.Args(s, temperature=0.0) for s in scenarios(task, HELD_OUT, 10_000 + seed)]
+    held_out = [art.Args(s, temperature=0.0) for s in scenarios(task, HELD_OUT, 10_000 + seed, held_out=True)]
 
     async def evaluate() -> float:
         groups = await art.gather(rollout, held_out, group_size=1, rewards=[reward], store=False)
@@ -142,15 +210,24 @@ def record(key: str, settings: dict[str, Any], steps: int, run: dict[str, Any]) 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     ap.add_argument("--learning-rate", type=float)
     ap.add_argument("--loss")
     ap.add_argument("--scale-rewards", type=lambda s: s.lower() in ("1", "true", "yes"))
+    ap.add_argument("--minibatches", type=int)
+    ap.add_argument("--epochs", type=int)
     a = ap.parse_args()
     settings = {k: v for k, v in (("learning_rate", a.learning_rate), ("loss", a.loss),
-                                  ("scale_rewards", a.scale_rewards)) if v is not None}
-    key = json.dumps(settings, sort_keys=True) if settings else "defaults"
+                                  ("scale_rewards", a.scale_rewards), ("minibatches", a.minibatches),
+                                  ("epochs", a.epochs)) if v is not None}
+    from backends.local.trainer import TrainConfig
+
+    # runs are filed under the settings that matter here, defaults filled in, so a change of default
+    # never mixes runs of different settings under one name
+    effective = {k: getattr(TrainConfig(), k) for k in ("learning_rate", "loss", "minibatches", "epochs")}
+    settings = {**effective, **settings}
+    key = json.dumps(settings, sort_keys=True)
     runs = []
     with tempfile.TemporaryDirectory() as home:
         art.configure(home=home, store=f"{home}/store.db", progress=False)

@@ -80,3 +80,36 @@ def test_no_vllm_outlives_a_killed_run(tmp_path):
     else:
         os.killpg(pid, signal.SIGKILL)
         raise AssertionError("vLLM outlived the run that started it")
+
+
+@needs_vllm
+async def test_the_model_s_generation_config_does_not_change_what_vllm_samples(tmp_path):
+    """vLLM fills every sampling setting a request leaves out from the model's
+    generation_config.json (Qwen ships top_k 20 and a repetition penalty): then the served
+    distribution is not the one the trainer scores. A model that asks for top_k 1 and a
+    repetition penalty must still be sampled at plain temperature 1, its logprobs the trainer's."""
+    import json
+
+    import torch
+
+    from backends.local.tiny import build_tiny
+    from backends.local.trainer import token_logprobs
+
+    folder = build_tiny(tmp_path / "tiny-with-defaults")
+    (folder / "generation_config.json").write_text(json.dumps({"top_k": 1, "repetition_penalty": 1.8,
+                                                               "min_p": 0.5}))
+    be = LocalBackend(device="cpu", home=str(tmp_path / "home"), engine="vllm")
+    await be.register(art.TrainableModel("g", base_model=str(folder)))
+    served = be.models["g"]
+    from backends.local.engine import Request
+
+    prompt = served.chat.prompt_ids([{"role": "user", "content": "go"}])
+    outs = served.submit(Request(prompt=prompt, max_tokens=6, n=12, temperature=1.0, seed=3)).result(300)
+    assert len({tuple(o.token_ids) for o in outs}) > 6  # top_k 1 from the model's config: all alike
+    for o in outs:
+        ids = torch.tensor(prompt + o.token_ids)
+        keep = torch.arange(len(prompt) - 1, len(ids) - 1)
+        with torch.no_grad():
+            trainer = token_logprobs(served.model, ids, torch.arange(len(ids)), keep)
+        assert (trainer - torch.tensor(o.logprobs)).abs().max() < 1e-3  # was 0.0 for every token (top_k 1)
+    await be.close()
