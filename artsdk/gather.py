@@ -10,7 +10,7 @@ from typing import Any, Iterable, Optional, Sequence
 import anyio
 
 from .capture.sentinel import ESCAPED
-from .errors import RewardError, RolloutError, first_error
+from .errors import RewardError, RolloutError, StoreError, first_error
 from .rewards import RewardLike, score
 from .rollout import Args, Rollout
 from .trajectory import Group, new_id
@@ -153,7 +153,12 @@ async def gather(
                 t.warnings.append(str(e))
         bar.add_rewards(group.rewards)
         if db is not None:
-            await db.asave(group.trajectories, groups=[group])
+            try:
+                await db.asave(group.trajectories, groups=[group])
+            except StoreError as e:  # the group is returned all the same; the error says where its data went
+                log.error("%s: a group was not stored: %s", rollout.name, e)
+                for t in group.trajectories:
+                    t.warnings.append(f"not stored: {e}")
         groups[i] = group
 
     try:
@@ -167,8 +172,11 @@ async def gather(
         if pending_writes:
             from .store import wait
 
-            for f in pending_writes:
-                await wait(f)
+            for f in pending_writes:  # failed attempts: a write that fails is logged by the store, not raised here
+                try:
+                    await wait(f)
+                except StoreError:
+                    pass
 
     done = [g for g in groups if g is not None]
     _report(rollout.name, done)

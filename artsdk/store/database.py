@@ -68,23 +68,53 @@ def prepare(engine: sa.engine.Engine, path: Optional[Path], where: str, allow_fo
                     )
         if path is not None:
             # set only once the file is known to be ours: WAL rewrites the file header
-            with engine.connect() as conn:
-                conn.exec_driver_sql("PRAGMA journal_mode=WAL")
-        T.metadata.create_all(engine)
-        with engine.begin() as conn:  # indexes added since a store was made (create_all adds only new tables)
-            for table in T.metadata.tables.values():
-                for index in table.indexes:
-                    index.create(conn, checkfirst=True)
-        with engine.begin() as conn:
-            if conn.execute(sa.text("SELECT 1 FROM art_meta WHERE key='schema_version'")).first() is None:
-                conn.execute(sa.insert(T.MetaRow.__table__),
-                             [{"key": "schema_version", "value": str(T.SCHEMA_VERSION)}])
+            _retry_locked(lambda: _wal(engine))
+        _retry_locked(lambda: _create(engine))
     except StoreError:
         engine.dispose()
         raise
     except sa.exc.DatabaseError as e:
         engine.dispose()
         raise StoreError(f"cannot open store {where}: {e.orig}; {_hint(path, e)}") from None
+
+
+def _wal(engine: sa.engine.Engine) -> None:
+    with engine.connect() as conn:
+        conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+
+
+def _retry_locked(work: Any, seconds: float = 60.0) -> None:
+    """``work()``, again while SQLite says the database is locked: switching a new file to WAL
+    while another process opens it too answers "locked" at once, without waiting."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    delay = 0.01
+    while True:
+        try:
+            return work()
+        except sa.exc.OperationalError as e:
+            if "locked" not in str(e.orig).lower() or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
+def _create(engine: sa.engine.Engine) -> None:
+    """The tables, indexes and schema version, made so that several processes opening a new
+    store at once all succeed: every statement is ``IF NOT EXISTS`` / ``ON CONFLICT DO
+    NOTHING`` (create-after-check would race), and on PostgreSQL one creator at a time."""
+    from sqlalchemy.schema import CreateIndex, CreateTable
+
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7410298)")  # released at commit
+        for table in T.metadata.sorted_tables:
+            conn.execute(CreateTable(table, if_not_exists=True))
+            for index in table.indexes:  # indexes added since a store was made too
+                conn.execute(CreateIndex(index, if_not_exists=True))
+        conn.execute(sa.text("INSERT INTO art_meta (key, value) VALUES ('schema_version', :v) "
+                             "ON CONFLICT DO NOTHING"), {"v": str(T.SCHEMA_VERSION)})
 
 
 def _hint(path: Optional[Path], e: sa.exc.DatabaseError) -> str:
@@ -99,4 +129,11 @@ def _hint(path: Optional[Path], e: sa.exc.DatabaseError) -> str:
             return (f"{folder if not path.exists() else path} is not writable by this user; point `store` "
                     f"at a folder you can write to, or fix the permissions")
         return "check that the folder exists and can be written to"
+    try:
+        with open(path, "rb") as f:
+            header = f.read(16)
+    except OSError as oe:
+        return f"it cannot be read ({oe})"
+    if header == b"SQLite format 3\x00" or not header:
+        return "it is an SQLite database; the error above is what SQLite said (retry if another process was busy with it)"
     return "it is not an SQLite database or it is corrupt; move it aside and start a new store"

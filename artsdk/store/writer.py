@@ -65,7 +65,12 @@ class Writer:
             stop = any(j is _STOP for j in batch)
             jobs = [j for j in batch if j is not _STOP]
             if jobs:
-                self._commit(jobs)
+                try:
+                    self._commit(jobs)
+                except BaseException as e:  # noqa: BLE001 - the writer outlives any one batch
+                    log.exception("the store's writer failed")
+                    for job in jobs:
+                        settle(job.future, error=e)
             if stop:
                 return
 
@@ -85,21 +90,22 @@ class Writer:
             settle(job.future, None)
 
     def _fail(self, job: Job) -> None:
+        """Settle a job that could not be committed with a StoreError saying why, its data
+        written to a file beside the store (nothing is lost). Never raises."""
         import sys
+
+        from ..errors import StoreError
 
         exc = sys.exc_info()[1]
         where = ""
         if job.dump is not None:
-            # nothing is lost: what could not be written goes to a file beside the store
+            path = self._unsaved_dir / f"{job.describe.replace(' ', '-')}.json"
             try:
                 self._unsaved_dir.mkdir(parents=True, exist_ok=True)
-                path = self._unsaved_dir / f"{job.describe.replace(' ', '-')}.json"
-                path.write_text(job.dump())
+                path.write_text(job.dump(), encoding="utf-8")
                 where = f"; its data was saved to {path}"
-            except OSError:
-                pass
-        from ..errors import StoreError
-
+            except Exception as e:  # noqa: BLE001 - say so, and go on
+                where = f"; saving its data to {path} failed too ({type(e).__name__}: {e})"
         reason = f"{type(exc).__name__}: {getattr(exc, 'orig', None) or exc}"
         if type(exc).__name__ == "IntegrityError":
             reason += " (it is already stored; save(..., replace=True) overwrites it)"

@@ -4,21 +4,54 @@ INSERT per table for all of them."""
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from typing import Any, Callable, Iterable, Sequence
 
 import sqlalchemy as sa
+from pydantic_core import PydanticSerializationError
 
+from ..errors import StoreError
 from ..trajectory import Group, Trajectory
 from . import tables as T
-from .rows import Rows, dumps, gc_paused, group_row, trajectory_rows
+from .rows import Rows, gc_paused, group_row, trajectory_rows
+from .storable import ESCAPED, storable, storable_group
 from .writer import Job
 
 
 def submission(trajectories: Iterable[Trajectory], groups: Sequence[Group], replace: bool) -> Job:
     """A writer job holding the rows of ``trajectories`` and ``groups``; if it cannot be
-    committed, its ``dump`` keeps the data as JSON."""
+    committed, its ``dump`` keeps the data as JSON. Text that cannot be stored as it is (lone
+    surrogates) is escaped, and the trajectory says so in a warning. StoreError for a reward
+    that is not a finite number."""
     trajs = list(trajectories)
+    for t in trajs:
+        _check_rewards(t)
+    try:
+        batch = _rows(trajs, groups, replace)
+    except (UnicodeEncodeError, PydanticSerializationError) as e:
+        if isinstance(e, PydanticSerializationError) and "surrogates" not in str(e):
+            raise
+        for t in trajs:  # the caller's trajectory says what the stored copy holds
+            if ESCAPED not in t.warnings:
+                t.warnings.append(ESCAPED)
+        copies = {t.id: storable(t) for t in trajs}
+        trajs = list(copies.values())
+        groups = [storable_group(g, [copies.get(m.id) or storable(m) for m in g]) for g in groups]
+        batch = _rows(trajs, groups, replace)
+    label = f"trajectory {trajs[0].id}" if len(trajs) == 1 else f"{len(trajs)} trajectories"
+
+    def dump() -> str:
+        # ASCII JSON: whatever the text held, the file can be written
+        return json.dumps({"trajectories": [t.model_dump(mode="json", fallback=repr) for t in trajs],
+                           "groups": batch.groups}, ensure_ascii=True, default=repr)
+
+    return Job(batch, label, dump)
+
+
+def _rows(trajs: list[Trajectory], groups: Sequence[Group], replace: bool) -> Rows:
+    """The rows of a submission, every string checked to be storable (UnicodeEncodeError)."""
     now = time.time()
     batch = Rows(
         groups=[group_row(g, g[0].project if len(g) else None, g[0].model if len(g) else None,
@@ -33,13 +66,22 @@ def submission(trajectories: Iterable[Trajectory], groups: Sequence[Group], repl
             batch.tables[T.CallRow].extend(calls)
             batch.tables[T.ChoiceRow].extend(choices)
             batch.tables[T.RewardRow].extend(rewards)
-    label = f"trajectory {trajs[0].id}" if len(trajs) == 1 else f"{len(trajs)} trajectories"
+    for rows in (batch.groups, *batch.tables.values()):
+        for r in rows:
+            for v in r.values():
+                if type(v) is str and not v.isascii():
+                    v.encode("utf-8")  # SQLite would refuse it at commit, with the whole batch
+    for p in batch.projects:
+        p.encode("utf-8")
+    return batch
 
-    def dump() -> str:
-        return dumps({"trajectories": [t.model_dump(mode="json", fallback=repr) for t in trajs],
-                      "groups": batch.groups})
 
-    return Job(batch, label, dump)
+def _check_rewards(t: Trajectory) -> None:
+    values = [("reward", t.reward), *((f"rewards[{k!r}]", v) for k, v in t.rewards.items())]
+    for name, v in values:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            raise StoreError(f"trajectory {t.id}: {name} is {v!r}; rewards must be finite numbers (or None for "
+                             f"no reward). Nothing of it was written")
 
 
 def write(conn: sa.Connection, jobs: Sequence[Job]) -> None:
