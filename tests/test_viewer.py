@@ -264,3 +264,109 @@ def test_the_page_shows_curve_groups_chat_compare_and_filters(viewer, browser):
     filtered = wait_for(browser, "#trajectories tr.traj", count=9)
     assert len(filtered) < everything and f"min_step={STEPS}" in browser.current_url
     browser.save_screenshot(str(ARTIFACTS / "trajectories.png"))
+
+
+# -- hostile input and exposure ------------------------------------------------------------
+
+def odd_store(path):
+    """A store holding trajectories of shapes other clients leave: a custom tool call without
+    ``function``, content lists holding null, numbers and dicts, ``tool_calls`` that is not a list."""
+    calls = [art.LLMCall(index=0, model="m", messages=[
+        {"role": "user", "content": [None, 7, {"type": "image_url", "image_url": {"url": "x"}}, {"type": "text", "text": "see"}]},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "custom", "custom": {"name": "grep", "input": "foo"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": {"lines": 3}},
+        {"role": "assistant", "content": "x", "tool_calls": {"id": "c2", "function": {"name": "ls", "arguments": {"dir": "/"}}}},
+    ], choices=[art.Choice(message={"role": "assistant", "content": [1, None, "done"], "tool_calls": "not a list"})])]
+    t = art.Trajectory(rollout="odd", project="p", model="m", step=1, calls=calls, reward=1.0)
+    with art.Store(path) as store:
+        store.save(t)
+    return t
+
+
+def serve_viewer(store_path, hosts=None):
+    import uvicorn
+
+    from artsdk.viewer.app import allowed_hosts, build_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = build_app(art.Store(str(store_path)), hosts=allowed_hosts("127.0.0.1", port) if hosts else None)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    return server, thread, f"http://127.0.0.1:{port}"
+
+
+def test_huge_numbers_and_a_non_json_scenario_are_400s(tmp_path):
+    odd_store(tmp_path / "s.db")
+    server, thread, url = serve_viewer(tmp_path / "s.db")
+    try:
+        big = str(2**63)
+        for path, params in [("groups", {"project": "p", "model": "m", "step": big}),
+                             ("groups", {"project": "p", "model": "m", "step": 1, "offset": big}),
+                             ("trajectories", {"min_step": big}), ("trajectories", {"max_step": "-" + big + "0"}),
+                             ("trajectories", {"offset": big}), ("scenarios", {"project": "p", "model": "m", "step": big}),
+                             ("compare", {"project": "p", "model": "m", "scenario": "{}", "a": big, "b": 0}),
+                             ("compare", {"project": "p", "model": "m", "scenario": "{}", "a": 0, "b": big}),
+                             ("compare", {"project": "p", "model": "m", "scenario": "not json", "a": 0, "b": 1})]:
+            r = httpx.get(f"{url}/api/{path}", params=params)
+            assert 400 <= r.status_code < 500, (path, params, r.status_code, r.text)  # 500 OverflowError before
+        assert "not JSON" in httpx.get(f"{url}/api/compare", params={"project": "p", "model": "m", "scenario": "x{",
+                                                                       "a": 0, "b": 1}).text
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_a_request_for_another_host_is_refused(tmp_path):
+    odd_store(tmp_path / "s.db")
+    server, thread, url = serve_viewer(tmp_path / "s.db", hosts=True)
+    port = url.rsplit(":", 1)[1]
+    try:
+        assert httpx.get(url + "/api/projects").status_code == 200
+        assert httpx.get(f"http://localhost:{port}/api/projects").status_code == 200
+        # a page on attacker.example that pointed its name at 127.0.0.1 (DNS rebinding)
+        r = httpx.get(url + "/api/projects", headers={"host": f"attacker.example:{port}"})
+        assert r.status_code == 421 and "attacker.example" in r.text
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_view_refuses_a_missing_store_and_warns_on_an_open_bind(tmp_path, monkeypatch, capsys):
+    import uvicorn
+
+    from artsdk import cli
+
+    missing = tmp_path / "typo.db"
+    assert cli.main(["view", "--store", str(missing)]) == 2
+    assert "there is no store at" in capsys.readouterr().err and not missing.exists()  # was made, empty
+    odd_store(tmp_path / "s.db")
+    ran = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: ran.append(kw))  # no listening on every address in a test
+    assert cli.main(["view", "--store", str(tmp_path / "s.db"), "--host", "0.0.0.0"]) == 0
+    assert ran and ran[0]["host"] == "0.0.0.0" and "without a key" in capsys.readouterr().err
+    assert cli.main(["view", "--store", str(tmp_path / "s.db"), "--host", "127.0.0.1"]) == 0
+    assert "without a key" not in capsys.readouterr().err
+
+
+def test_the_trajectory_page_shows_any_stored_shape(tmp_path, browser):
+    from selenium.webdriver.common.by import By
+
+    t = odd_store(tmp_path / "s.db")
+    server, thread, url = serve_viewer(tmp_path / "s.db")
+    try:
+        browser.get(f"{url}/#/trajectory?id={t.id}")
+        wait_for(browser, ".msg.tool")
+        text = browser.find_element(By.ID, "main").text
+        assert "error:" not in text  # TypeError: tc.function is undefined, before
+        assert "see" in text and "7" in text and '{"lines":3}' in text
+        assert '"custom":{"name":"grep","input":"foo"}' in text.replace(" ", "")  # shown raw
+        assert 'ls({"dir":"/"})' in text and '"not a list"' in text
+        browser.save_screenshot(str(ARTIFACTS / "odd_shapes.png"))
+    finally:
+        server.should_exit = True
+        thread.join(10)

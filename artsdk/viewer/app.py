@@ -15,7 +15,9 @@ fetched from the internet, no build step) and a JSON API it reads:
 
 With a key (``--api-key-file``, or ``ARTSDK_VIEW_KEY``) every request needs it: as
 ``Authorization: Bearer <key>``, or once as ``?key=<key>`` in the page's address, which sets
-a cookie for the rest of the visit.
+a cookie for the rest of the visit. Requests must name the address the viewer serves in their
+``Host`` header: a web page elsewhere cannot read a viewer on 127.0.0.1 by pointing a domain
+of its own at it (DNS rebinding).
 """
 
 from __future__ import annotations
@@ -31,7 +33,30 @@ from .tokens import token_texts
 STATIC = Path(__file__).parent / "static"
 
 
-def build_app(store: Store, api_key: Optional[str] = None) -> Any:
+INT = {"ge": -(2**63), "le": 2**63 - 1}  # what SQL can compare against
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def allowed_hosts(host: str, port: int) -> Optional[set[str]]:
+    """The ``Host`` headers a viewer bound to ``host``:``port`` answers (None: any, when it
+    listens on every address and cannot know its names)."""
+    if host in ("0.0.0.0", "::", ""):
+        return None
+    names = {"localhost", "127.0.0.1", "[::1]", host} if is_loopback(host) else set()
+    names.add(f"[{host}]" if ":" in host else host)
+    names.discard("::1")
+    return {f"{n}:{port}" for n in names} | (names if port == 80 else set())
+
+
+def build_app(store: Store, api_key: Optional[str] = None, hosts: Optional[set[str]] = None) -> Any:
     from fastapi import FastAPI, HTTPException, Query, Request
     from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
     from fastapi.staticfiles import StaticFiles
@@ -41,6 +66,9 @@ def build_app(store: Store, api_key: Optional[str] = None) -> Any:
 
     @app.middleware("http")
     async def key_check(request: Request, call_next: Any) -> Any:
+        if hosts is not None and request.headers.get("host", "").lower() not in hosts:
+            return JSONResponse({"error": f"this viewer answers requests for {sorted(hosts)[0]}, not for "
+                                          f"{request.headers.get('host', '')[:100]!r}"}, status_code=421)
         if api_key is None:
             return await call_next(request)
         given = request.query_params.get("key") or request.cookies.get("artsdk_key") or \
@@ -68,15 +96,15 @@ def build_app(store: Store, api_key: Optional[str] = None) -> Any:
         return views.curve(project, model)
 
     @app.get("/api/groups")
-    def groups(project: str, model: str, step: int, offset: int = Query(0, ge=0),
+    def groups(project: str, model: str, step: int = Query(..., **INT), offset: int = Query(0, ge=0, le=INT["le"]),
                limit: int = Query(PAGE, ge=1, le=500)) -> Any:
         return views.groups(project, model, step, offset, limit)
 
     @app.get("/api/trajectories")
     def trajectories(project: Optional[str] = None, model: Optional[str] = None, rollout: Optional[str] = None,
-                     min_step: Optional[int] = None, max_step: Optional[int] = None,
+                     min_step: Optional[int] = Query(None, **INT), max_step: Optional[int] = Query(None, **INT),
                      min_reward: Optional[float] = None, max_reward: Optional[float] = None, errors: bool = False,
-                     offset: int = Query(0, ge=0), limit: int = Query(PAGE, ge=1, le=500)) -> Any:
+                     offset: int = Query(0, ge=0, le=INT["le"]), limit: int = Query(PAGE, ge=1, le=500)) -> Any:
         return views.trajectories(project=project, model=model, rollout=rollout, min_step=min_step,
                                   max_step=max_step, min_reward=min_reward, max_reward=max_reward, errors=errors,
                                   offset=offset, limit=limit)
@@ -92,12 +120,15 @@ def build_app(store: Store, api_key: Optional[str] = None) -> Any:
         return with_token_texts(views, t)
 
     @app.get("/api/scenarios")
-    def scenarios(project: str, model: str, step: int) -> Any:
+    def scenarios(project: str, model: str, step: int = Query(..., **INT)) -> Any:
         return views.scenarios(project, model, step)
 
     @app.get("/api/compare")
-    def compare(project: str, model: str, scenario: str, a: int, b: int) -> Any:
-        out = views.compare(project, model, scenario, a, b)
+    def compare(project: str, model: str, scenario: str, a: int = Query(..., **INT), b: int = Query(..., **INT)) -> Any:
+        try:
+            out = views.compare(project, model, scenario, a, b)
+        except ValueError as e:
+            raise HTTPException(400, str(e)) from None
         for side in ("a", "b"):
             out[side] = [with_token_texts(views, t) for t in out[side]]
         return out
@@ -117,10 +148,21 @@ def with_token_texts(views: Views, t: dict[str, Any]) -> dict[str, Any]:
 
 def serve(store: Optional[str] = None, host: str = "127.0.0.1", port: int = 7800,
           api_key: Optional[str] = None) -> None:
-    """Run the viewer until interrupted."""
+    """Run the viewer until interrupted. A ``store`` path that does not exist is refused (a
+    mistyped path would otherwise show an empty store, made on the spot)."""
+    import sys
+
     import uvicorn
 
-    app = build_app(Store(store) if store else Store(), api_key)
+    from ..errors import StoreError
+
+    if store and "://" not in store and not Path(store).expanduser().is_file():
+        raise StoreError(f"there is no store at {store}: give the path of an existing store (the default is "
+                         f"<home>/store.db; `artsdk config` shows the settings)")
+    if not is_loopback(host) and not api_key:
+        print(f"artsdk view: warning: listening on {host} without a key: anyone who can reach it can read every "
+              f"trajectory. Pass --api-key-file or set ARTSDK_VIEW_KEY.", file=sys.stderr, flush=True)
+    app = build_app(Store(store) if store else Store(), api_key, allowed_hosts(host, port))
     shown = "localhost" if host in ("127.0.0.1", "::1") else host
     print(f"artsdk view: http://{shown}:{port}/" + ("?key=<your key>" if api_key else ""), flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -161,15 +161,16 @@ class Views:
     def compare(self, project: str, model: str, scenario: str, step_a: int, step_b: int) -> dict[str, Any]:
         """The trajectories of one scenario (as JSON, however spaced) at two steps."""
         try:
-            stored = dumps(json.loads(scenario))  # the store's spelling of it
+            parsed = json.loads(scenario)
         except ValueError:
-            stored = scenario
+            raise ValueError(f"scenario {scenario[:80]!r} is not JSON (give it as the step page links it)") from None
+        stored = dumps(parsed)  # the store's spelling of it
         q = (sa.select(_traj.c.id, _traj.c.step).where(_traj.c.project == project, _traj.c.model == model,
                                                         _traj.c.scenario == stored,
                                                         _traj.c.step.in_([step_a, step_b]))
              .order_by(_traj.c.group_index, _traj.c.attempt).limit(4 * PAGE))
         found = self._rows(q)
-        out: dict[str, Any] = {"scenario": json.loads(scenario), "a": [], "b": [], "step_a": step_a, "step_b": step_b}
+        out: dict[str, Any] = {"scenario": parsed, "a": [], "b": [], "step_a": step_a, "step_b": step_b}
         for row in found:
             side = "a" if row["step"] == step_a else "b"
             out[side].append(self.trajectory(row["id"]))

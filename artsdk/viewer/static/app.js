@@ -160,15 +160,35 @@ async function trajectories(p) {
 }
 
 // -- one trajectory as a chat ----------------------------------------------------------------
+// stored shapes vary (other clients, custom tool calls, hand-made trajectories): whatever is not
+// the usual shape is shown as its JSON, never an error
+function raw(x) {
+  try { return JSON.stringify(x) ?? String(x); } catch (e) { return String(x); }
+}
+
 function content(c) {
   if (c === null || c === undefined) return "";
   if (typeof c === "string") return c;
-  return c.map(part => part.text ?? JSON.stringify(part)).join("");
+  if (!Array.isArray(c)) return raw(c);
+  return c.map(part => (part && typeof part === "object" && typeof part.text === "string") ? part.text : raw(part)).join("");
+}
+
+function toolCall(tc) {
+  const fn = tc && typeof tc === "object" ? tc.function : null;
+  const id = tc && typeof tc === "object" && typeof tc.id === "string" ? `  [${tc.id}]` : "";
+  if (!fn || typeof fn !== "object") return `→ ${raw(tc)}`;
+  const args = typeof fn.arguments === "string" ? fn.arguments : raw(fn.arguments ?? {});
+  return `→ ${typeof fn.name === "string" ? fn.name : raw(fn.name)}(${args})` + id;
 }
 
 function message(m) {
-  const box = el("div", { class: "msg " + m.role }, el("span", { class: "role" }, m.role + (m.tool_call_id ? ` (${m.tool_call_id})` : "")), content(m.content));
-  for (const tc of m.tool_calls || []) box.append(el("div", { class: "toolcall" }, `→ ${tc.function.name}(${tc.function.arguments})` + (tc.id ? `  [${tc.id}]` : "")));
+  if (!m || typeof m !== "object") return el("div", { class: "msg" }, raw(m));
+  const role = typeof m.role === "string" ? m.role : "?";
+  const box = el("div", { class: "msg " + role.replace(/[^a-z_-]/gi, "") }, el("span", { class: "role" },
+    role + (m.tool_call_id ? ` (${typeof m.tool_call_id === "string" ? m.tool_call_id : raw(m.tool_call_id)})` : "")),
+    content(m.content));
+  const calls = Array.isArray(m.tool_calls) ? m.tool_calls : (m.tool_calls ? [m.tool_calls] : []);
+  for (const tc of calls) box.append(el("div", { class: "toolcall" }, toolCall(tc)));
   return box;
 }
 
