@@ -270,6 +270,8 @@ async def test_serve_refuses_odd_input_with_4xx(tmp_path):
             other = await c.post("/v1/art/models", json={"name": "v", "base_model": "/no/such/dir"})
             assert other.status_code == 400  # a missing path reads the same as an existing non-model
             assert other.text.replace("/no/such/dir", "/etc/passwd") == r.text
+            long = await c.post("/v1/art/models", json={"name": "v", "base_model": "b" * 300})
+            assert long.status_code == 400 and "cannot be loaded" in long.text  # 500 ENAMETOOLONG before
             assert (await c.post("/v1/art/models", json={"name": "v", "base_model": "tiny"})).status_code == 200
             for step in ("9" * 301, "1.0", "-1", "1e3"):
                 assert (await c.get(f"/v1/art/models/v/checkpoints/{step}")).status_code == 422, step

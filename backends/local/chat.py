@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import uuid
 from typing import Any, Optional
 
@@ -60,6 +61,10 @@ class ChatFormat:
         self.stop_ids = sorted({i for i in (tokenizer.convert_tokens_to_ids(t) for t in STOP_TOKENS)
                                 if isinstance(i, int) and i != tokenizer.unk_token_id and i >= 0}
                                | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()))
+        # no token covers more characters than its vocabulary entry has: text longer than the context
+        # times this cannot fit, whatever it is (a bound checked before rendering)
+        self.max_token_chars = max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
+        self._lock = threading.Lock()  # a fast tokenizer is not to be used from two threads at once
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]] = None) -> list[int]:
         """Token ids of the prompt, ending where the assistant's answer starts."""
@@ -71,7 +76,12 @@ class ChatFormat:
             text = self.tok.apply_chat_template(msgs, **kwargs)
         except Exception as e:  # a template raising on unusual messages
             raise TrajectoryError(f"the chat template could not render these messages: {e}") from None
-        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+        return self.encode(text)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no special tokens added); safe from several threads."""
+        with self._lock:
+            return list(self.tok(text, add_special_tokens=False)["input_ids"])
 
     def _normalize(self, messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]]) -> list[dict[str, Any]]:
         out = []

@@ -69,6 +69,7 @@ class Request:
     step: int = 0
     future: "Future[list[Completion]]" = field(default_factory=Future)
     emitted: bool = False  # some of its tokens were streamed out already
+    cancelled: bool = False  # its client went away: stop at the next token (set from another thread)
 
 
 @dataclass
@@ -214,6 +215,11 @@ class Engine:
 
     @torch.no_grad()
     def _generate(self, reqs: list[Request], step: int) -> None:
+        for r in [r for r in reqs if r.cancelled]:  # gone before its turn came
+            settle(r.future, [Completion(finish_reason="cancelled") for _ in range(r.n)])
+        reqs = [r for r in reqs if not r.cancelled]
+        if not reqs:
+            return
         seqs = []
         for r in reqs:
             for i in range(r.n):
@@ -331,6 +337,10 @@ def append(s: Seq, token: int, logprob: float, tok: Any, stop_ids: set[int]) -> 
     choice is finished. Both engines decode through this, so text, stop strings and
     streaming behave the same whichever sampled the tokens."""
     out, req = s.out, s.req
+    if req.cancelled:  # nobody is waiting for the rest
+        out.finish_reason = "cancelled"
+        s.done = True
+        return True
     out.token_ids.append(token)
     out.logprobs.append(logprob)
     reason = None

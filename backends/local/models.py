@@ -102,6 +102,14 @@ def _save_atomically(model: Any, tok: Any, folder: Path) -> None:
 
 def resolve(base_model: str, cache: Path) -> tuple[Path | str, Optional[str]]:
     """Where to load ``base_model`` from: (folder or hub id, gguf file name or None)."""
+    try:
+        return _resolve(base_model, cache)
+    except OSError as e:  # a name no file system takes (too long, say): not a path, and no Hub id either
+        raise ModelLoadError(f"base model {base_model[:100]!r}...: not a Hub id, and not a path this machine can "
+                             f"look at ({e.strerror or e})") from None
+
+
+def _resolve(base_model: str, cache: Path) -> tuple[Path | str, Optional[str]]:
     if base_model == "tiny":
         from .tiny import build_tiny
 

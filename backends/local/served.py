@@ -200,8 +200,7 @@ class ServedModel:
 
     def _completion_ids(self, choice: Any) -> list[int]:
         text = message_text(choice.message)
-        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        return ids + [self.chat.end_id]
+        return self.chat.encode(text) + [self.chat.end_id]
 
     def close(self) -> None:
         self.engine.close()

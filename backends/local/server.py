@@ -13,12 +13,12 @@ from typing import Any, Callable, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from ..http import GuardedH11, error, guard
 from .engine import EngineRefused
-from .generate import MAX_BODY, BadRequest
+from .generate import MAX_BODY, BadRequest, ClientGone
 from .served import ServedModel
 from .server_chat import add_chat_routes
 from .server_responses import add_responses_routes
@@ -38,6 +38,10 @@ def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[st
     @app.exception_handler(BadRequest)
     async def bad(_: Request, exc: BadRequest) -> JSONResponse:
         return error(exc.status, str(exc), exc.param)
+
+    @app.exception_handler(ClientGone)
+    async def gone(_: Request, exc: ClientGone) -> Response:
+        return Response(status_code=499)  # nobody is there to read it
 
     @app.exception_handler(EngineRefused)
     async def refused(_: Request, exc: EngineRefused) -> JSONResponse:

@@ -14,13 +14,14 @@ import time
 import uuid
 from typing import Any, Callable, Literal, Optional, Union
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .engine import Completion
 from .engine import Request as GenRequest
-from .generate import DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT, logprob_content, prepare, resolve, submit, submit_streaming
+from .generate import (DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT, answer, cancel_when_left, logprob_content, prepare,
+                       resolve, submit, submit_streaming)
 from .served import ServedModel
 
 
@@ -69,17 +70,17 @@ class ChatRequest(BaseModel):
 
 def add_chat_routes(app: FastAPI, models: Callable[[], dict[str, ServedModel]]) -> None:
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatRequest) -> Any:
+    async def chat(body: ChatRequest, request: Request) -> Any:
         served, step = resolve(models(), body.model)
         asked = next((x for x in (body.max_completion_tokens, body.max_tokens) if x is not None), DEFAULT_MAX_TOKENS)
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        req = prepare(served, [m.model_dump(exclude_unset=True) for m in body.messages], body.tools, "messages",
-                      max_tokens=asked, n=body.n, temperature=body.temperature, top_p=body.top_p, stop=stops,
-                      seed=body.seed, min_tokens=max(0, body.min_tokens))
+        req = await prepare(served, [m.model_dump(exclude_unset=True) for m in body.messages], body.tools,
+                            "messages", max_tokens=asked, n=body.n, temperature=body.temperature, top_p=body.top_p,
+                            stop=stops, seed=body.seed, min_tokens=max(0, body.min_tokens))
         if body.stream:
             future, events = submit_streaming(served, req, step)
             return StreamingResponse(_stream(served, req, body, future, events), media_type="text/event-stream")
-        outs = await asyncio.wrap_future(submit(served, req, step))
+        outs = await answer(request, submit(served, req, step), req)
         name = f"{served.spec.name}@{req.step}"
         choices = [_choice(served, i, c, body.tools) for i, c in enumerate(outs)]
         completion_tokens = sum(len(c.token_ids) for c in outs)
@@ -104,6 +105,7 @@ def _choice(served: ServedModel, index: int, c: Completion, tools: Optional[list
     }
 
 
+@cancel_when_left
 async def _stream(served: ServedModel, req: GenRequest, body: ChatRequest, future: Any,
                   events: "asyncio.Queue[Any]") -> Any:
     name = f"{served.spec.name}@{req.step}"

@@ -24,7 +24,7 @@ import uuid
 from collections import OrderedDict
 from typing import Any, Callable, Optional, Union
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -33,7 +33,8 @@ from artsdk.response_items import chat_messages, chat_tools, items_of, output_it
 from .engine import Completion
 from .engine import Request as GenRequest
 from .served import ServedModel
-from .generate import DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT, BadRequest, prepare, resolve, submit, submit_streaming
+from .generate import (DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT, BadRequest, answer, cancel_when_left, prepare, resolve,
+                       submit, submit_streaming)
 
 KEPT = 1024  # stored responses, for previous_response_id
 
@@ -66,21 +67,29 @@ class ResponsesRequest(BaseModel):
 
 
 class History:
-    """The newest responses (their whole conversation, as chat messages), by id."""
+    """The newest responses (their whole conversation, as chat messages, and the model that
+    answered), by id."""
 
     def __init__(self, size: int = KEPT) -> None:
         self.size = size
-        self.kept: "OrderedDict[str, list[dict[str, Any]]]" = OrderedDict()
+        self.kept: "OrderedDict[str, tuple[str, list[dict[str, Any]]]]" = OrderedDict()
 
-    def get(self, response_id: str) -> list[dict[str, Any]]:
+    def get(self, response_id: str, model: str) -> list[dict[str, Any]]:
+        """The conversation ``response_id`` ended, for a request to ``model`` (its name: any of
+        its steps may continue it); BadRequest when it was not kept, or another model's."""
         if response_id not in self.kept:
             raise BadRequest(f"previous_response_id {response_id[:80]!r} is not a response this server kept (it "
                              f"keeps the newest {self.size} stored ones, in memory); send the whole conversation "
                              f"as input instead", "previous_response_id")
-        return list(self.kept[response_id])
+        owner, conversation = self.kept[response_id]
+        if owner != model:
+            raise BadRequest(f"previous_response_id {response_id[:80]!r} was answered by model {owner!r}, not "
+                             f"{model[:100]!r}: a response continues the model's own conversation",
+                             "previous_response_id")
+        return list(conversation)
 
-    def put(self, response_id: str, conversation: list[dict[str, Any]]) -> None:
-        self.kept[response_id] = conversation
+    def put(self, response_id: str, model: str, conversation: list[dict[str, Any]]) -> None:
+        self.kept[response_id] = (model, conversation)
         while len(self.kept) > self.size:
             self.kept.popitem(last=False)
 
@@ -89,34 +98,38 @@ def add_responses_routes(app: FastAPI, models: Callable[[], dict[str, ServedMode
     history = History()
 
     @app.post("/v1/responses")
-    async def responses(body: ResponsesRequest) -> Any:
+    async def responses(body: ResponsesRequest, request: Request) -> Any:
         served, step = resolve(models(), body.model)
         tools = _function_tools(body.tools) if body.tool_choice != "none" else None
+        if isinstance(body.input, list) and len(body.input) > served.context_length:  # before converting them all
+            raise BadRequest(f"input has {len(body.input)} items, more than the model's context of "
+                             f"{served.context_length} tokens could hold; shorten it", "input")
         try:
             turn = chat_messages(items_of(body.input))
         except (AttributeError, TypeError):
             raise BadRequest("input must be text or a list of Responses items", "input") from None
-        earlier = history.get(body.previous_response_id) if body.previous_response_id else []
+        name = served.spec.name
+        earlier = history.get(body.previous_response_id, name) if body.previous_response_id else []
         system = [{"role": "system", "content": body.instructions}] if body.instructions else []
         conversation = earlier + turn
-        req = prepare(served, system + conversation, tools, "input",
-                      max_tokens=body.max_output_tokens or DEFAULT_MAX_TOKENS, temperature=body.temperature,
-                      top_p=body.top_p, seed=body.seed, stop=list(body.stop or []))
+        req = await prepare(served, system + conversation, tools, "input",
+                            max_tokens=body.max_output_tokens or DEFAULT_MAX_TOKENS, temperature=body.temperature,
+                            top_p=body.top_p, seed=body.seed, stop=list(body.stop or []))
         rid = f"resp_{uuid.uuid4().hex}"
 
         def finished(c: Completion) -> dict[str, Any]:
             content, tool_calls = served.chat.parse(c.text, tools)
             out = _response(served, body, req, rid, c, content, tool_calls)
             if body.store:
-                history.put(rid, conversation + [{"role": "assistant", "content": content,
-                                                  **({"tool_calls": tool_calls} if tool_calls else {})}])
+                history.put(rid, name, conversation + [{"role": "assistant", "content": content,
+                                                        **({"tool_calls": tool_calls} if tool_calls else {})}])
             return out
 
         if body.stream:
             future, events = submit_streaming(served, req, step)
             return StreamingResponse(_events(served, req, body, rid, future, events, finished, buffered=bool(tools)),
                                      media_type="text/event-stream")
-        (c,) = await asyncio.wrap_future(submit(served, req, step))
+        (c,) = await answer(request, submit(served, req, step), req)
         return finished(c)
 
 
@@ -153,6 +166,7 @@ def _response(served: ServedModel, body: ResponsesRequest, req: GenRequest, rid:
     }
 
 
+@cancel_when_left
 async def _events(served: ServedModel, req: GenRequest, body: ResponsesRequest, rid: str, future: Any,
                   queue: "asyncio.Queue[Any]", finished: Callable[[Completion], dict[str, Any]],
                   buffered: bool) -> Any:

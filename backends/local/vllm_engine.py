@@ -243,6 +243,9 @@ class VLLMEngine:
 
     async def _generate(self, req: Request) -> None:
         await self._awake.wait()  # not while asleep for a training step
+        if req.cancelled:  # its client went away meanwhile
+            settle(req.future, [Completion(finish_reason="cancelled") for _ in range(req.n)])
+            return
         self.in_flight += 1
         self._idle.clear()
         try:
