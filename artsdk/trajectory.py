@@ -62,20 +62,40 @@ def check_messages(messages: Any, *, where: str = "messages") -> list[Message]:
 
 
 def as_message(m: Any) -> Any:
-    """An OpenAI/LiteLLM message object (pydantic) as a plain dict; dicts are copied shallowly."""
+    """An OpenAI/LiteLLM message (a pydantic object, or a dict that may hold such objects, as
+    ``{"role": "assistant", "tool_calls": msg.tool_calls}`` does) as plain JSON-like dicts and
+    lists all the way down; the caller's objects are not changed."""
     if isinstance(m, dict):
-        d = dict(m)
+        d = {k: v if type(v) is str else plain(v) for k, v in m.items()}
     else:
         dump = getattr(m, "model_dump", None)
         if dump is None:
             return m
-        d = dump(exclude_none=True)
+        d = plain(dump(exclude_none=True))
         # openai objects carry empty optional lists/None fields that requests never had
         d = {k: v for k, v in d.items() if v not in (None, [], {}) or k == "content"}
     role = d.get("role")
     if isinstance(role, str) and type(role) is not str:  # a str enum (smolagents' MessageRole): its value
         d["role"] = str(getattr(role, "value", role))
     return d
+
+
+def plain(value: Any) -> Any:
+    """``value`` with every pydantic object in it (at any depth) dumped to dicts; dicts and
+    lists copied, everything else as it is."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    dump = getattr(value, "model_dump", None)
+    if dump is not None and callable(dump):
+        try:
+            return plain(dump(exclude_none=True))
+        except TypeError:  # a model_dump of another kind
+            return value
+    return value
 
 
 class Choice(BaseModel):

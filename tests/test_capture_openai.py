@@ -230,7 +230,9 @@ def test_parse_and_raw_response(sync_client):
 
     t2 = parser.collect_sync()
     assert t2.error is not None
-    assert len(t2.calls) == 1 and t2.calls[0].params["response_format"].endswith("Answer")
+    sent = t2.calls[0].params["response_format"]  # the JSON schema the client sent, not "__main__.Answer"
+    assert len(t2.calls) == 1 and sent["type"] == "json_schema" and sent["json_schema"]["name"] == "Answer"
+    assert "properties" in sent["json_schema"]["schema"] and json.dumps(t2.calls[0].params)
 
 
 def test_failed_call_is_recorded_and_rollout_error_kept(sync_client, art_store):

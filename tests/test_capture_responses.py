@@ -85,7 +85,10 @@ async def test_streams_events_helper_and_parse(async_client):
     assert streamed.stream and not streamed.incomplete and streamed.choices[0].message["content"] == "echo: stream me please"
     assert streamed.choices[0].token_ids == [ord(c) for c in "echo: stream me please"]
     assert helper.stream and helper.choices[0].message["content"] == "echo: with the helper"
-    assert parsed.choices[0].message["content"] == '{"text": "hi"}' and parsed.params["text_format"].endswith("Answer")
+    assert parsed.choices[0].message["content"] == '{"text": "hi"}'
+    sent = parsed.params["text"]["format"]  # the JSON schema the client sent, not "__main__.Answer"
+    assert sent["type"] == "json_schema" and sent["name"] == "Answer" and "text" in sent["schema"]["properties"]
+    json.dumps(parsed.params)
 
 
 def test_sync_stream_helper(sync_client):

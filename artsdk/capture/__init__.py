@@ -45,8 +45,13 @@ PATCHERS = {
     "litellm": Patcher("artsdk.capture.litellm_patch",
                        ("artsdk.capture.litellm:COMPLETION", "artsdk.capture.litellm_responses:RESPONSES")),
     "dspy": Patcher("artsdk.capture.dspy"),
-    "httpx": Patcher("artsdk.capture.sentinel"),
-    "httpx2": Patcher("artsdk.capture.sentinel"),
+    # escaped calls, reported (sentinel.py), under every HTTP library an agent may reach a model through
+    "httpx": Patcher("artsdk.capture.sentinel_httpx"),
+    "httpx2": Patcher("artsdk.capture.sentinel_httpx"),
+    "http.client": Patcher("artsdk.capture.sentinel_urllib"),
+    "aiohttp": Patcher("artsdk.capture.sentinel_aiohttp"),
+    # the rollout's context into threads and executors started inside it
+    "threading": Patcher("artsdk.capture.threads"),
 }
 
 _lock = threading.RLock()

@@ -8,10 +8,11 @@ the rollout ends first) the bytes are decoded: a JSON body, or server-sent event
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
-import httpx2  # the openai client's HTTP library: this module is loaded only once openai is
+from .openai_http import http
 
 Done = Callable[[bytes, bool], None]  # (the body so far, whether it arrived whole)
 
@@ -32,14 +33,18 @@ def watch_body(http_response: Any, done: Done) -> Callable[[], None]:
         finish(True)
         return lambda: None
     inner = http_response.stream
-    if isinstance(inner, httpx2.AsyncByteStream) or hasattr(inner, "__aiter__"):
-        http_response.stream = _AsyncTee(inner, state["parts"], finish)
+    sync_tee, async_tee = _tees(http())
+    if isinstance(inner, http().AsyncByteStream) or hasattr(inner, "__aiter__"):
+        http_response.stream = async_tee(inner, state["parts"], finish)
     else:
-        http_response.stream = _SyncTee(inner, state["parts"], finish)
+        http_response.stream = sync_tee(inner, state["parts"], finish)
     return lambda: finish(False)
 
 
-class _SyncTee(httpx2.SyncByteStream):
+class _SyncTee:
+    """The response's byte stream, passed through, its chunks kept (made a subclass of the
+    HTTP library's SyncByteStream by ``_tees``: httpx checks the type before reading)."""
+
     def __init__(self, inner: Any, parts: list[bytes], finish: Callable[[bool], None]) -> None:
         self.inner, self.parts, self.finish = inner, parts, finish
 
@@ -60,7 +65,9 @@ class _SyncTee(httpx2.SyncByteStream):
             self.finish(False)
 
 
-class _AsyncTee(httpx2.AsyncByteStream):
+class _AsyncTee:
+    """The same for an async byte stream (an AsyncByteStream subclass, by ``_tees``)."""
+
     def __init__(self, inner: Any, parts: list[bytes], finish: Callable[[bool], None]) -> None:
         self.inner, self.parts, self.finish = inner, parts, finish
 
@@ -79,6 +86,12 @@ class _AsyncTee(httpx2.AsyncByteStream):
             await self.inner.aclose()
         finally:
             self.finish(False)
+
+
+@functools.lru_cache(maxsize=None)
+def _tees(module: Any) -> tuple[type, type]:
+    return (type("SyncTee", (_SyncTee, module.SyncByteStream), {}),
+            type("AsyncTee", (_AsyncTee, module.AsyncByteStream), {}))
 
 
 def sse_events(body: bytes) -> tuple[list[Any], bool]:

@@ -270,11 +270,12 @@ def _replay(resource: Any, kwargs: dict[str, Any], kind: str, cassette: Cassette
 def replay_stream(resource: Any, item_type: type, events: list[dict[str, Any]], path: str) -> Any:
     """A Stream (or AsyncStream) of ``item_type`` that yields ``events``, as the client
     would build one from the network."""
-    import httpx2
     from openai import AsyncStream, Stream
 
+    from .openai_http import http
+
     body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
-    response = httpx2.Response(200, content=body.encode(), headers={"content-type": "text/event-stream"},
-                               request=httpx2.Request("POST", f"http://replay.invalid/{path}"))
+    response = http().Response(200, content=body.encode(), headers={"content-type": "text/event-stream"},
+                               request=http().Request("POST", f"http://replay.invalid/{path}"))
     cls = AsyncStream if type(resource).__name__.startswith("Async") else Stream
     return cls(cast_to=item_type, response=response, client=resource._client)

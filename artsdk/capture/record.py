@@ -35,10 +35,23 @@ def request_parts(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]], An
     for k, v in kwargs.items():
         if k in _NOT_PARAMS or not _given(v):
             continue
-        if isinstance(v, type):  # response_format=SomeModel in .parse()
-            v = f"{v.__module__}.{v.__qualname__}"
+        if isinstance(v, type):  # response_format=SomeModel in .parse(): the JSON schema that was sent
+            v = response_format_sent(v)
         params[k] = v
     return str(kwargs.get("model", "")), messages, tools, params
+
+
+def response_format_sent(cls: type) -> Any:
+    """What the openai client sends for ``response_format=cls`` (``.parse()``): its JSON schema,
+    as the API receives it."""
+    try:
+        from openai.lib._parsing._completions import type_to_response_format_param
+
+        return type_to_response_format_param(cls)
+    except Exception:  # noqa: BLE001 - not the openai client's kind of type: its schema if it has one
+        schema = getattr(cls, "model_json_schema", None)
+        return {"type": "json_schema", "json_schema": {"name": cls.__name__, "schema": schema()}} if schema else \
+            f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _given(v: Any) -> bool:

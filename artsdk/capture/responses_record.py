@@ -16,7 +16,7 @@ from typing import Any, Iterable, Optional
 
 from ..response_items import as_item, assistant_message, chat_messages, chat_tools, items_of
 from ..trajectory import Choice, LLMCall
-from .record import CUT, served_step
+from .record import CUT, response_format_sent, served_step
 
 _NOT_PARAMS = frozenset({"model", "stream", "extra_headers", "extra_query", "timeout", "api_key", "api_base",
                          "base_url", "client", "http_client", "text_format"})
@@ -41,13 +41,23 @@ def responses_request(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]]
         elif k == "tools":
             v = [as_item(t) for t in v]
         elif isinstance(v, type):
-            v = f"{v.__module__}.{v.__qualname__}"
+            v = response_format_sent(v)
         params[k] = v
     tf = kwargs.get("text_format")
-    if tf is not None and _given(tf):
-        params["text_format"] = f"{tf.__module__}.{tf.__qualname__}"
+    if tf is not None and _given(tf):  # .parse(text_format=Model): the format the client sends, its schema
+        params["text"] = {**(params.get("text") or {}), "format": _text_format_sent(tf)}
     messages = chat_messages(items, instructions)
     return str(kwargs.get("model", "")), messages, chat_tools(kwargs.get("tools")), params
+
+
+def _text_format_sent(cls: type) -> Any:
+    try:
+        from openai.lib._parsing._responses import type_to_text_format_param
+
+        return type_to_text_format_param(cls)
+    except Exception:  # noqa: BLE001 - as chat's response_format
+        sent = response_format_sent(cls)
+        return {"type": "json_schema", **sent["json_schema"]} if isinstance(sent, dict) else sent
 
 
 def _extra(obj: Any, key: str) -> Any:
