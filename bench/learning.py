@@ -6,7 +6,8 @@ the held-out greedy score before and after N GRPO steps, seeded.
 
 Tasks: short exact answers (``add``: two-digit addition, ``larger``: the larger of two numbers,
 ``sentiment``: the demo's review labeller, ``capital``: a country's capital, held-out countries
-never trained on), format following (``json``: the sum as a JSON object) and multi-turn with a
+never trained on), format following (``upper``: a word in capital letters and nothing else, held-out
+words never trained on) and multi-turn with a
 tool (``calc``: a product asked, a calculator's result given in a second turn, the final answer
 trained with both turns). Each step gathers 8 prompts x 8 samples (temperature 1, at most 16
 tokens a turn) and trains once; the held-out set is 48 prompts the training never sees,
@@ -77,9 +78,18 @@ def capital(rng: random.Random, held_out: bool) -> dict[str, str]:
             "answer": CAPITALS[country].lower()}
 
 
-def as_json(rng: random.Random, held_out: bool) -> dict[str, str]:
-    a, b = rng.randint(1, 9), rng.randint(1, 9)
-    return {"prompt": f'What is {a} + {b}? Reply with JSON only, like {{"answer": 3}}.', "answer": str(a + b)}
+WORDS = ["garden", "river", "window", "silver", "candle", "forest", "bridge", "pocket", "ladder", "orange",
+         "winter", "basket", "castle", "hammer", "island", "jacket", "kitten", "lemon", "market", "needle",
+         "pencil", "rabbit", "saddle", "tunnel", "velvet", "wallet", "anchor", "bottle", "carpet", "dragon",
+         "engine", "feather", "guitar", "helmet", "jungle", "mirror", "napkin", "oyster", "parrot", "rocket",
+         "spider", "ticket", "violin", "wizard", "yellow", "zipper", "button", "cookie"]
+HELD_OUT_WORDS = WORDS[::4]
+
+
+def upper(rng: random.Random, held_out: bool) -> dict[str, str]:
+    pool = HELD_OUT_WORDS if held_out else [w for w in WORDS if w not in HELD_OUT_WORDS]
+    word = rng.choice(pool)
+    return {"prompt": f'Write the word "{word}" in capital letters. Reply with the word only.', "answer": word.upper()}
 
 
 def calc(rng: random.Random, held_out: bool) -> dict[str, str]:
@@ -89,21 +99,21 @@ def calc(rng: random.Random, held_out: bool) -> dict[str, str]:
 
 
 TASKS: dict[str, Callable[[random.Random, bool], dict[str, str]]] = {
-    "add": add, "larger": larger, "sentiment": sentiment, "capital": capital, "json": as_json, "calc": calc}
+    "add": add, "larger": larger, "sentiment": sentiment, "capital": capital, "upper": upper, "calc": calc}
 
 
 def score(reply: str, scenario: dict[str, str]) -> float:
-    """json: 1 for the reply being exactly ``{"answer": <the sum>}`` (any JSON spacing), 0.75 for
-    that object with text around it, 0.5 / 0.25 for such an object with a wrong answer, else 0.
-    The others: the right answer alone 1, the right answer first among the candidates in more
-    text 0.5 + 0.5 / words (examples/reviews' ``shaped``), else 0. Candidates: a number other
-    than those asked about (add, calc), one of the two numbers (larger), a label (sentiment), a
-    capital (capital)."""
+    """The right answer alone 1, the right answer first among the candidates in more text
+    0.5 + 0.5 / words (examples/reviews' ``shaped``), else 0. Candidates: a number other than
+    those asked about (add, calc), one of the two numbers (larger), a label (sentiment), a
+    capital (capital), the word asked about in any case (upper; then only half the credit
+    unless it is in capitals)."""
     answer, task = scenario["answer"], scenario["task"]
-    if task == "json":
-        return _json_score(reply, answer)
     words = re.findall(r"[a-z]+|\d+", reply.lower())
     asked = re.findall(r"\d+", scenario["prompt"])
+    if task == "upper":
+        capitals = answer in re.findall(r"[A-Za-z]+", reply)
+        return shaped(words, [w for w in words if w == answer.lower()], answer.lower()) * (1.0 if capitals else 0.5)
     if task == "sentiment":
         candidates = [w for w in words if w in ("positive", "negative")]
     elif task == "larger":
@@ -114,22 +124,6 @@ def score(reply: str, scenario: dict[str, str]) -> float:
     else:
         candidates = [w for w in words if w.isdigit() and w not in asked]
     return shaped(words, candidates, answer)
-
-
-def _json_score(reply: str, answer: str) -> float:
-    text, whole = reply.strip(), True
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        found, whole = re.search(r"\{[^{}]*\}", text), False
-        try:
-            obj = json.loads(found.group()) if found else None
-        except ValueError:
-            obj = None
-    if not isinstance(obj, dict) or "answer" not in obj:
-        return 0.0
-    right = str(obj["answer"]).strip() == answer
-    return (1.0 if right else 0.5) if whole else (0.75 if right else 0.25)
 
 
 def scenarios(task: str, n: int, seed: int, held_out: bool = False) -> list[dict[str, str]]:

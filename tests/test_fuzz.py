@@ -92,3 +92,54 @@ def test_artsdk_serve_never_answers_5xx(tmp_path):
         s.stop()
     log = (tmp_path / "serve.log").read_text()
     assert "Traceback" not in log, log[-3000:]  # nothing blew up inside, even where the answer was a 4xx
+
+
+# -- any text, lone surrogates and control characters included ----------------------------
+
+# half of them with a lone surrogate or a control character put in somewhere
+ANY_TEXT = st.builds(lambda s, odd, at: s[:at] + odd + s[at:] if odd else s,
+                     st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=40),
+                     st.one_of(st.just(""), st.characters(categories=["Cs", "Cc"])), st.integers(0, 40))
+
+
+def test_any_text_in_any_field_of_the_inference_routes_is_never_a_5xx(local_root):
+    """Strings of every category (lone surrogates sent as "\\udXXX" escapes, control
+    characters) in the message content, names, tools and the Responses input."""
+    statuses: Counter = Counter()
+    with httpx.Client(base_url=local_root, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as c:
+        @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
+                  database=None)
+        @given(content=ANY_TEXT, name=ANY_TEXT, tool=ANY_TEXT, stream=st.booleans())
+        def call(content, name, tool, stream):
+            chat = {"model": "m", "max_tokens": 4, "stream": stream,
+                    "messages": [{"role": "system", "content": name}, {"role": "user", "content": content, "name": name}],
+                    "tools": [{"type": "function", "function": {"name": tool, "parameters": {}}}]}
+            responses = {"model": "m", "max_output_tokens": 4, "stream": stream, "instructions": name,
+                         "input": [{"role": "user", "content": content}]}
+            for path, body in (("/v1/chat/completions", chat), ("/v1/responses", responses)):
+                r = c.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
+                statuses[r.status_code] += 1
+                assert r.status_code < 500, (path, r.status_code, r.text[:300])
+
+        call()
+    assert statuses[200] and statuses[400]  # both kinds were exercised
+
+
+def test_any_text_anywhere_in_a_trajectory_is_stored(tmp_path):
+    from artsdk.store.storable import escape
+
+    with art.Store(tmp_path / "s.db") as store:
+        @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
+                  database=None)
+        @given(name=ANY_TEXT, content=ANY_TEXT, outcome=ANY_TEXT, error=ANY_TEXT)
+        def save(name, content, outcome, error):
+            call = art.LLMCall(model=name, messages=[{"role": "user", "content": content}],
+                               choices=[art.Choice(message={"role": "assistant", "content": outcome})])
+            t = art.Trajectory(rollout=name, calls=[call], outcome={"text": outcome},
+                               error=art.ErrorInfo(type="E", message=error))
+            store.save(t)
+            back = store.get(t.id)  # stored, every string as it was or escaped, never lost
+            assert back.rollout == escape(name) and back.outcome == {"text": escape(outcome)}
+            assert back.calls[0].messages[0]["content"] == escape(content) and back.error.message == escape(error)
+
+        save()
