@@ -59,11 +59,13 @@ class TrainableModel(BaseModel):
 
 class Endpoint(BaseModel):
     """Where a backend serves a model: an OpenAI-compatible base URL, its key, and the
-    model name to send (``name`` resolves to the newest step)."""
+    model name to send (``name`` resolves to the newest step). ``moved_aside``: registered
+    fresh, the folder the backend moved the model's earlier checkpoints to (never deleted)."""
 
     base_url: str
     api_key: str = "artsdk"
     model: str
+    moved_aside: Optional[str] = None
 
 
 class TrainResult(BaseModel):
@@ -104,8 +106,9 @@ def nothing_to_train(groups: Sequence[Group], metrics: dict[str, float]) -> str:
 class Backend(Protocol):
     """A training backend: serve a model, train it on groups, report its step."""
 
-    async def register(self, model: TrainableModel) -> Endpoint:
-        """Load (or resume) the model and return where it is served."""
+    async def register(self, model: TrainableModel, *, fresh: bool = False) -> Endpoint:
+        """Load the model -- from its newest checkpoint, or with ``fresh`` from the base model,
+        its earlier checkpoints moved aside -- and return where it is served."""
         ...
 
     async def train(self, model: TrainableModel, groups: Sequence[Group], **config: Any) -> TrainResult:
@@ -156,16 +159,41 @@ def load_backend(name: Optional[str] = None, **options: Any) -> Backend:
 
 class Session:
     """An open training session: calls naming the model are served by the backend, and
-    ``train`` runs GRPO steps. Get one from ``art.session(model)``."""
+    ``train`` runs GRPO steps. Get one from ``art.session(model)``.
+
+    ``run_id`` names the training run: what the session gathers and trains is filed under it
+    (trajectories, steps, checkpoints), so two runs of one model never mix. ``resumed`` says
+    whether it continued from an earlier run's last checkpoint; ``meta`` is what the run
+    remembered (``remember``)."""
 
     def __init__(self, model: TrainableModel, backend: Backend, endpoint: Endpoint, step: int,
-                 trackers: Sequence[Any] = ()) -> None:
+                 trackers: Sequence[Any] = (), run_id: str = "", resumed: bool = False,
+                 meta: Optional[dict[str, Any]] = None) -> None:
         self.model = model
         self.backend = backend
         self.endpoint = endpoint
         self.step = step
+        self.run_id = run_id
+        self.resumed = resumed
+        self.meta = dict(meta or {})
         self.history: list[TrainResult] = []
         self.trackers = list(trackers)  # where each step's metrics also go (see artsdk.trackers)
+        self._gathers: dict[int, int] = {}  # step -> gathers made at it (each samples with seeds of its own)
+
+    def next_gather(self) -> int:
+        """Count a gather at the current step; its number among them (sampling seeds differ)."""
+        n = self._gathers.get(self.step, 0)
+        self._gathers[self.step] = n + 1
+        return n
+
+    async def remember(self, **meta: Any) -> None:
+        """Keep facts about this run in the store (``run.meta`` when it is resumed), e.g. the
+        evaluation it started from."""
+        from .store import default_store
+
+        self.meta.update(meta)
+        await anyio.to_thread.run_sync(lambda: default_store().record_run(
+            self.model.project, self.model.name, self.run_id, self.model.base_model, meta))
 
     async def train(self, groups: Sequence[Group], **config: Any) -> TrainResult:
         """One training step on ``groups``. Groups with no signal (all rewards equal) carry
@@ -192,9 +220,8 @@ class Session:
             return result
         self.step = result.step
         with anyio.CancelScope(shield=True):  # once the backend has the step, the store gets it too
-            await anyio.to_thread.run_sync(  # a commit: kept off the event loop
-                default_store().record_step, self.model.project, self.model.name, result.step,
-                result.metrics, result.checkpoint)
+            await anyio.to_thread.run_sync(lambda: default_store().record_step(  # a commit: off the event loop
+                self.model.project, self.model.name, result.step, result.metrics, result.checkpoint, self.run_id))
         for tracker in self.trackers:
             await anyio.to_thread.run_sync(tracker.log, self.model, result.step, result.metrics)
         return result
@@ -210,11 +237,18 @@ class Session:
             return
         if step > self.step:
             self.step = step
-            await anyio.to_thread.run_sync(default_store().record_step, self.model.project, self.model.name,
-                                           step, {}, None)
+            await anyio.to_thread.run_sync(lambda: default_store().record_step(
+                self.model.project, self.model.name, step, {}, None, self.run_id))
 
 
 _sessions: list[Session] = []
+
+
+def _new_run_id() -> str:
+    import secrets
+    import time
+
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
 def current_session() -> Optional[Session]:
@@ -223,12 +257,17 @@ def current_session() -> Optional[Session]:
 
 
 @asynccontextmanager
-async def session(model: TrainableModel, backend: Optional[Backend] = None,
-                  **backend_options: Any) -> AsyncIterator[Session]:
+async def session(model: TrainableModel, backend: Optional[Backend] = None, *, resume: bool = True,
+                  run: Optional[str] = None, **backend_options: Any) -> AsyncIterator[Session]:
     """Open a training session on ``model`` with the configured backend (or ``backend``).
 
     Inside it, any openai / litellm call with ``model=model.name`` is sent to the
     backend's endpoint, whatever base URL the client was built with.
+
+    ``resume`` (the default) continues from the model's last checkpoint, in the run that
+    wrote it; ``resume=False`` starts a new run from the base model, the backend moving the
+    earlier checkpoints aside (never deleting them). ``run`` names a new run (default: the
+    time it started, e.g. ``20261201-170502-3fa9``).
     """
     from .config import settings
     from .store import default_store
@@ -238,13 +277,21 @@ async def session(model: TrainableModel, backend: Optional[Backend] = None,
     be = backend if backend is not None else load_backend(**backend_options)
     trackers: list[Any] = []
     try:
-        endpoint = await be.register(model)
+        # a backend written before fresh registration existed takes no keyword it does not need
+        endpoint = await (be.register(model) if resume else be.register(model, fresh=True))
         step = await be.step(model)
-        await anyio.to_thread.run_sync(
-            default_store().record_model, model.project, model.name, model.base_model, model.config)
+        store = default_store()
+        await anyio.to_thread.run_sync(store.record_model, model.project, model.name, model.base_model, model.config)
+        earlier = await anyio.to_thread.run_sync(store.latest_run, model.project, model.name) if step else None
+        run_id = earlier if earlier is not None else (run or _new_run_id())
+        meta = next((r["meta"] for r in await anyio.to_thread.run_sync(
+            lambda: store.runs(project=model.project, model=model.name)) if r["run"] == run_id), {})
+        if earlier is None:
+            await anyio.to_thread.run_sync(lambda: store.record_run(
+                model.project, model.name, run_id, model.base_model, {"resumed_from_step": step} if step else {}))
         cfg = settings()
         trackers = await anyio.to_thread.run_sync(open_trackers, cfg.trackers, cfg.tracker_options, model, cfg.home)
-        run = Session(model, be, endpoint, step, trackers)
+        run = Session(model, be, endpoint, step, trackers, run_id=run_id, resumed=bool(step), meta=meta)
         previous = routes.get(model.name)
         routes[model.name] = Route(endpoint.base_url, endpoint.api_key, endpoint.model)
         _sessions.append(run)

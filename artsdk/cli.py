@@ -1,12 +1,14 @@
 """The ``artsdk`` command.
 
-    artsdk trajectories list [--project P] [--model M] [--step N] [--min-reward X] [--errors]
+    artsdk trajectories list [--project P] [--model M] [--run R] [--step N] [--min-reward X] [--errors]
+    artsdk runs [--project P] [--model M]
     artsdk trajectories show ID
     artsdk trajectories export OUT.jsonl [filters]
     artsdk config
     artsdk serve [--backend local] [--host 127.0.0.1] [--port 7999] [--api-key-file FILE] [--home DIR]
     artsdk train examples/tic_tac_toe [--steps 5 --base-model tiny ...]
     artsdk view [--store URL] [--port 7800]
+    artsdk mock-server [--port 8765]
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def _filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", help="store path or URL (default: from the settings)")
     p.add_argument("--project")
     p.add_argument("--model")
+    p.add_argument("--run", help="a training run (`artsdk runs` lists them)")
     p.add_argument("--step", type=int)
     p.add_argument("--rollout")
     p.add_argument("--group", dest="group_id")
@@ -37,7 +40,7 @@ def _filters(p: argparse.ArgumentParser) -> None:
 
 
 def _filter_values(a: argparse.Namespace) -> dict[str, Any]:
-    keys = ("project", "model", "step", "rollout", "group_id", "min_reward", "max_reward", "error")
+    keys = ("project", "model", "run", "step", "rollout", "group_id", "min_reward", "max_reward", "error")
     return {k: getattr(a, k) for k in keys if getattr(a, k) is not None}
 
 
@@ -59,12 +62,15 @@ def cmd_list(a: argparse.Namespace) -> int:
         for t in trajs:
             print(t.model_dump_json(fallback=repr))
         return 0
-    print(f"{'id':10} {'started':19} {'rollout':18} {'model':14} {'step':>4} {'calls':>5} "
+    if a.ids:
+        print("\n".join(t.id for t in trajs))
+        return 0
+    print(f"{'id':10} {'started':19} {'rollout':18} {'model':14} {'run':20} {'step':>4} {'calls':>5} "
           f"{'reward':>7}  status")
     for t in trajs:
         status = f"error: {t.error.type}" if t.error else ("no calls" if not t.calls else "ok")
         print(f"{t.id[:10]:10} {t.started_at:%Y-%m-%d %H:%M:%S} {t.rollout[:18]:18} "
-              f"{(t.model or '-')[:14]:14} {t.step if t.step is not None else '-':>4} "
+              f"{(t.model or '-')[:14]:14} {(t.run or '-')[:20]:20} {t.step if t.step is not None else '-':>4} "
               f"{len(t.calls):>5} {_fmt_reward(t.reward):>7}  {status}")
     print(f"{len(trajs)} of {total} shown")
     return 0
@@ -87,7 +93,7 @@ def cmd_show(a: argparse.Namespace) -> int:
     if a.json:
         print(t.model_dump_json(indent=2, fallback=repr))
         return 0
-    print(f"trajectory {t.id}  rollout {t.rollout}  project {t.project}  model {t.model}  step {t.step}")
+    print(f"trajectory {t.id}  rollout {t.rollout}  project {t.project}  model {t.model}  run {t.run}  step {t.step}")
     print(f"started {t.started_at:%Y-%m-%d %H:%M:%S}  {t.duration:.2f}s  reward {_fmt_reward(t.reward)}")
     print(f"scenario: {json.dumps(t.scenario, default=repr)[:300]}")
     for name, value in t.rewards.items():
@@ -112,9 +118,35 @@ def cmd_show(a: argparse.Namespace) -> int:
 
 
 def cmd_export(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    to_file = a.out is not sys.stdout
+    if to_file and Path(a.out).exists() and not a.force:
+        print(f"artsdk: {a.out} exists; give another file name, or --force to write over it", file=sys.stderr)
+        return 2
     with _store(a) as store:
+        if not store.count(**_filter_values(a)):
+            print(f"no trajectory in {store} matches these filters; nothing was written", file=sys.stderr)
+            return 1
         n = store.export_jsonl(a.out, **_filter_values(a))
-    print(f"wrote {n} trajectories to {'standard output' if a.out is sys.stdout else a.out}", file=sys.stderr)
+    print(f"wrote {n} trajectories to {a.out if to_file else 'standard output'}", file=sys.stderr)
+    return 0
+
+
+def cmd_runs(a: argparse.Namespace) -> int:
+    import time
+
+    with _store(a) as store:
+        runs = store.runs(project=a.project, model=a.model)
+    if a.json:
+        print(json.dumps(runs, indent=2, default=str))
+        return 0
+    print(f"{'project':16} {'model':16} {'run':22} {'started':19} {'steps':>5} {'trajectories':>12}  base model")
+    for r in runs:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started_at"]))
+        print(f"{r['project'][:16]:16} {r['model'][:16]:16} {r['run'][:22]:22} {started:19} "
+              f"{r['last_step'] if r['last_step'] is not None else 0:>5} {r['trajectories']:>12}  {r['base_model']}")
+    print(f"{len(runs)} runs" + ("" if runs else " (a run begins with each art.session)"))
     return 0
 
 
@@ -199,6 +231,16 @@ def cmd_view(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mock_server(a: argparse.Namespace) -> int:
+    try:
+        from .mock_server import serve
+    except ImportError as e:  # pragma: no cover - fastapi / uvicorn missing
+        print(f"artsdk mock-server needs fastapi and uvicorn ({e}); pip install 'artsdk[view]'", file=sys.stderr)
+        return 2
+    serve(a.port)
+    return 0
+
+
 def cmd_train(a: argparse.Namespace) -> int:
     """Run ``<folder>/train.py`` as a module (``examples/tic_tac_toe`` -> ``examples.tic_tac_toe.train``)."""
     import runpy
@@ -233,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     _filters(ls)
     ls.add_argument("--limit", type=int, default=20)
     ls.add_argument("--json", action="store_true", help="one JSON object per line")
+    ls.add_argument("--ids", action="store_true", help="only the ids, one per line")
     ls.set_defaults(func=cmd_list)
     show = tsub.add_parser("show", help="one trajectory, call by call")
     show.add_argument("id", help="trajectory id (or a unique prefix of 6+ characters)")
@@ -241,8 +284,16 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(func=cmd_show)
     ex = tsub.add_parser("export", help="write trajectories as JSON Lines")
     ex.add_argument("out", help="output file (.jsonl); '-' for stdout")
+    ex.add_argument("--force", action="store_true", help="write over an existing file")
     _filters(ex)
     ex.set_defaults(func=cmd_export)
+
+    rn = sub.add_parser("runs", help="training runs, newest first: each art.session is one")
+    rn.add_argument("--store", help="store path or URL (default: from the settings)")
+    rn.add_argument("--project")
+    rn.add_argument("--model")
+    rn.add_argument("--json", action="store_true")
+    rn.set_defaults(func=cmd_runs)
 
     sv = sub.add_parser("serve", help="serve a training backend over HTTP (for backend = \"remote\")")
     sv.add_argument("--backend", default="local", help="backend to serve (default: local)")
@@ -268,6 +319,11 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("path", help="e.g. examples/tic_tac_toe")
     tr.add_argument("args", nargs=argparse.REMAINDER, help="passed on, e.g. --steps 5 --base-model tiny")
     tr.set_defaults(func=cmd_train)
+
+    ms = sub.add_parser("mock-server", help="a stand-in OpenAI-compatible server on 127.0.0.1 (echoes; calls a "
+                                             "tool when asked \"tool please\"): try artsdk with no model")
+    ms.add_argument("--port", type=int, default=8765)
+    ms.set_defaults(func=cmd_mock_server)
 
     c = sub.add_parser("config", help="print the effective settings")
     c.set_defaults(func=cmd_config)

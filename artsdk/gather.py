@@ -119,11 +119,14 @@ async def gather(
         if db is not None:
             db.submit(traj)
 
-    async def one(group: Group, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    seeds = _sample_seeds()
+
+    async def one(group: Group, g: int, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         for attempt in range(retries + 1):
             async with slots:
                 traj = await rollout.run(args, kwargs, timeout=timeout, limiter=threads, interrupted=keep_interrupted,
-                                         group_id=group.id, group_index=index, attempt=attempt)
+                                         seed=seeds(g, index, attempt), group_id=group.id, group_index=index,
+                                         attempt=attempt)
             if traj.error is None or attempt == retries:
                 break
             if db is not None:  # failed attempts are kept too
@@ -138,7 +141,7 @@ async def gather(
         try:
             async with anyio.create_task_group() as tg:
                 for k in range(group_size):
-                    tg.start_soon(one, group, k, args, kwargs)
+                    tg.start_soon(one, group, i, k, args, kwargs)
         except BaseException:
             if db is not None:  # the members that finished before the group was stopped, unscored
                 done = [t for t in group.trajectories if t is not None]
@@ -184,6 +187,26 @@ async def gather(
         extra = f" (and {len(reward_errors) - 1} more)" if len(reward_errors) > 1 else ""
         raise RewardError(f"{reward_errors[0]}{extra}; the trajectories were stored unscored")
     return done
+
+
+def _sample_seeds() -> Any:
+    """In a session: (group, sample, attempt) -> the seed that sample's calls to the trainable
+    model sample with, from the run's seed (the model's ``train.seed``), its step and how many
+    gathers that step made, so a run samples the same way every time it runs. Outside: None."""
+    import hashlib
+
+    from .backend import current_session
+
+    run = current_session()
+    if run is None:
+        return lambda *_: None
+    base = f"{run.model.config.get('train', {}).get('seed', 0)}:{run.step}:{run.next_gather()}"
+
+    def seed(group: int, sample: int, attempt: int) -> int:
+        digest = hashlib.blake2b(f"{base}:{group}:{sample}:{attempt}".encode(), digest_size=4).digest()
+        return int.from_bytes(digest, "big") % 2**31
+
+    return seed
 
 
 def _report(name: str, groups: list[Group]) -> None:

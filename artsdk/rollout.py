@@ -58,7 +58,7 @@ def _context_fields() -> dict[str, Any]:
 
     run = current_session()
     if run is not None:
-        return {"project": run.model.project, "model": run.model.name, "step": run.step}
+        return {"project": run.model.project, "model": run.model.name, "run": run.run_id, "step": run.step}
     return {"project": settings().project}
 
 
@@ -116,14 +116,14 @@ class Rollout(Generic[R]):
 
     @contextmanager
     def _recording(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, plain: bool = False,
-                   **fields: Any) -> Iterator[Trajectory]:
+                   seed: Optional[int] = None, **fields: Any) -> Iterator[Trajectory]:
         """A trajectory that records the LLM calls made inside the block. An exception leaving
         the block is recorded as ``error`` and goes on; a plain call's trajectory is stored
         when recording is on."""
         traj = self._new(args, kwargs)
         for k, v in fields.items():
             setattr(traj, k, v)
-        rec = Recorder()
+        rec = Recorder(seed)
         t0 = perf_counter()
         token = current_recorder.set(rec)
         try:
@@ -159,15 +159,17 @@ class Rollout(Generic[R]):
 
     async def run(self, args: tuple[Any, ...] = (), kwargs: Optional[dict[str, Any]] = None, *,
                   timeout: Optional[float] = None, limiter: Optional[anyio.CapacityLimiter] = None,
-                  interrupted: Optional[Callable[[Trajectory], None]] = None, **fields: Any) -> Trajectory:
+                  interrupted: Optional[Callable[[Trajectory], None]] = None, seed: Optional[int] = None,
+                  **fields: Any) -> Trajectory:
         """Run once and return the trajectory, unscored and unstored. Exceptions from the
         agent code (and a timeout) are recorded in ``trajectory.error``, not raised. If the run
         is cancelled, ``interrupted`` gets the trajectory so far (``error.type`` "Interrupted")
-        before the cancellation goes on."""
+        before the cancellation goes on. ``seed``: the sampling seed of the trainable model's
+        calls that set none (``art.gather`` gives one in a session)."""
         kwargs = kwargs or {}
         traj: Optional[Trajectory] = None
         try:
-            with self._recording(args, kwargs, **fields) as traj:
+            with self._recording(args, kwargs, seed=seed, **fields) as traj:
                 try:
                     with anyio.fail_after(timeout) if timeout else nullcontext():
                         if self.is_async:

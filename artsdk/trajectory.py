@@ -178,6 +178,7 @@ class Trajectory(BaseModel):
     rollout: str = ""
     project: Optional[str] = None
     model: Optional[str] = None
+    run: Optional[str] = None  # the training run it was gathered in (set by art.session)
     step: Optional[int] = None
     group_id: Optional[str] = None
     group_index: Optional[int] = None

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pytest  # noqa: E402
 
-from tests.scripted_server import ScriptedServer  # noqa: E402
+from artsdk.mock_server import MockServer  # noqa: E402
 
 
 # the local backend's inference engines, for tests that run against each
@@ -25,8 +25,8 @@ DEVICE = os.environ.get("ARTSDK_TEST_DEVICE", "cpu")
 
 @pytest.fixture(scope="session")
 def server():
-    """A real OpenAI-compatible HTTP server on 127.0.0.1 (see scripted_server.py)."""
-    with ScriptedServer() as s:
+    """A real OpenAI-compatible HTTP server on 127.0.0.1 (artsdk/mock_server.py)."""
+    with MockServer() as s:
         yield s
 
 

@@ -134,7 +134,7 @@ async def test_responses_and_aresponses_plain_and_streamed(kw):
 
 
 def test_sync_responses_in_a_session_is_routed(server, art_store):
-    from tests.scripted_server import ScriptedServer
+    from artsdk.mock_server import MockServer
     from tests.test_session_config import ScriptedBackend
 
     @art.rollout
@@ -144,7 +144,7 @@ def test_sync_responses_in_a_session_is_routed(server, art_store):
     import anyio
 
     async def run():
-        with ScriptedServer() as backend_server:
+        with MockServer() as backend_server:
             async with art.session(art.TrainableModel("ttt", base_model="tiny"), backend=ScriptedBackend(backend_server)):
                 t = await anyio.to_thread.run_sync(agent.collect_sync)
             assert backend_server.requests[-1]["api"] == "responses"

@@ -2,6 +2,7 @@
 trajectories, and a short end-to-end run of each with the tiny model."""
 
 import json
+import re
 
 import pytest
 
@@ -212,8 +213,10 @@ def test_ctrl_c_stops_in_seconds_with_one_line_and_keeps_what_ran(tmp_path):
          "--steps", "50", "--group-size", "32", "--scenarios-per-step", "16", "--eval-games", "4"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(root)})
+    done = 0
     for line in p.stdout:  # two steps done; the third one's 512 rollouts are under way
-        if line.startswith("step 2:"):
+        done += bool(re.match(r"step \d+: reward", line))
+        if done == 2:
             break
     time.sleep(0.3)
     t0 = time.monotonic()
@@ -228,3 +231,53 @@ def test_ctrl_c_stops_in_seconds_with_one_line_and_keeps_what_ran(tmp_path):
     on_disk = sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.exists() else []
     assert [s["step"] for s in store.steps("reviews", "review-agent")] == on_disk  # whole steps, or none
     store.close()
+
+
+# -- the runner: a new run each time, or --resume to finish the last one, on either backend ----
+
+@pytest.mark.parametrize("backend", ["local", "remote"])
+async def test_fresh_and_resumed_runs_alike_on_both_backends(backend, art_store, tmp_path, monkeypatch, capsys):
+    import importlib
+
+    from openai import AsyncOpenAI
+
+    from examples.runner import load_config, train
+    from tests.serve_process import KEY, Serve, free_port
+
+    agent_module = importlib.import_module("examples.reviews.agent")
+    monkeypatch.setattr(agent_module, "client", AsyncOpenAI(base_url="http://127.0.0.1:1/v1", api_key="unused"))
+    mod = importlib.import_module("examples.reviews.train")
+
+    @art.reward(weight=1e-6)
+    def first_token(t: art.Trajectory) -> float:  # a difference within every group, so every step trains
+        return float(next((c.choices[0].token_ids[0] for c in t.calls if c.choices and c.choices[0].token_ids), 0))
+
+    serve = None
+    if backend == "remote":
+        serve = Serve(tmp_path, free_port()).start()
+        art.configure(backend="remote", backend_url=serve.url, api_key=KEY)
+    else:
+        art.configure(backend_options={"device": "cpu", "home": str(tmp_path / "home")})
+    args = ["--base-model", "tiny", "--eval-games", "2", "--scenarios-per-step", "2", "--group-size", "2"]
+    try:
+        runs = []
+        for extra in (["--steps", "2"], ["--steps", "2"], ["--steps", "3", "--resume"]):
+            capsys.readouterr()
+            result = await train(load_config(mod.CONFIG, args + extra), agent_module.label, [*mod.REWARDS, first_token],
+                                 mod.make_scenarios)
+            runs.append((result, capsys.readouterr().out))
+    finally:
+        if serve is not None:
+            serve.stop()
+    (first, out1), (second, out2), (third, out3) = runs
+    assert [h["step"] for h in first["history"]] == [1, 2] and "from the base model" in out1
+    # run again: a new run from the base model (through artsdk serve it resumed at step 2, before)
+    assert [h["step"] for h in second["history"]] == [1, 2] and second["run"] != first["run"]
+    assert "resumed at" not in out2 and "moved to" in out2
+    # --resume finishes the second run: one more step, numbered 3, the "before" it began with
+    assert [h["step"] for h in third["history"]] == [3] and third["run"] == second["run"]
+    assert "resumed at step 2" in out3 and "eval before (when the run began)" in out3
+    assert third["before"] == second["before"]
+    assert {r["run"]: r["last_step"] for r in art_store.runs(model="review-agent")} == {first["run"]: 2,
+                                                                                        second["run"]: 3}
+    assert art_store.count(run=first["run"]) == 2 + 2 * 4 + 2 and art_store.count(run=second["run"]) == 2 + 3 * 4 + 4

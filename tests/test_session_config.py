@@ -4,7 +4,7 @@ import pytest
 from openai import AsyncOpenAI
 
 import artsdk as art
-from tests.scripted_server import ScriptedServer
+from artsdk.mock_server import MockServer
 
 pytestmark = pytest.mark.anyio
 
@@ -102,7 +102,7 @@ async def test_session_routes_the_trainable_model_to_the_backend(server, art_sto
     def length(t):
         return float(len(t.outcome))
 
-    with ScriptedServer() as backend_server:
+    with MockServer() as backend_server:
         backend = ScriptedBackend(backend_server)
         model = art.TrainableModel("ttt", base_model="tiny", project="games")
         assert isinstance(backend, art.Backend)
@@ -129,10 +129,12 @@ async def test_session_routes_the_trainable_model_to_the_backend(server, art_sto
         assert art.current_session() is None and "ttt" not in art.capture.routes
 
     first = art_store.trajectories(group_id=groups[0].id)
-    assert {(t.project, t.model, t.step) for t in first} == {("games", "ttt", 0)}
+    (run_id,) = {t.run for t in first}  # the session's run, on everything it gathered
+    assert {(t.project, t.model, t.step) for t in first} == {("games", "ttt", 0)} and run_id
     assert after.step == 1 and after.calls[0].served_by == "ttt@1"
     assert art_store.steps("games", "ttt")[0]["metrics"] == {"loss": 0.5}
-    assert art_store.checkpoints("games", "ttt") == [{"step": 1, "path": "ckpt/1", "metrics": {"loss": 0.5}}]
+    assert art_store.checkpoints("games", "ttt") == [{"step": 1, "run": run_id, "path": "ckpt/1",
+                                                      "metrics": {"loss": 0.5}}]
     with pytest.raises(art.RolloutError, match="got no groups"):
         async with art.session(model, backend=backend) as run:
             await run.train([])

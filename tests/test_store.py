@@ -242,3 +242,28 @@ def test_a_waiter_that_gives_up_does_not_end_the_writer(tmp_path):
     writer.submit(Job([], "second")).result(10)  # the writer lived on
     assert written == ["first", "second"]
     writer.close()
+
+
+def test_a_store_written_before_runs_opens_and_keeps_everything(tmp_path):
+    """tests/data/store_v1.db was written by artsdk before runs (schema 1): it is brought to
+    schema 2 in place, with nothing lost, its steps and checkpoints under the run ""."""
+    import shutil
+
+    from pathlib import Path
+
+    path = tmp_path / "old.db"
+    shutil.copy(Path(__file__).parent / "data" / "store_v1.db", path)
+    with art.Store(path) as store:
+        old = store.trajectories(project="old")
+        assert len(old) == 3 and {t.run for t in old} == {None} and sorted(t.reward for t in old) == [0.0, 0.5, 1.0]
+        assert [s["step"] for s in store.steps("old", "agent")] == [1, 2]  # the run "" of before
+        assert [c["path"] for c in store.checkpoints("old", "agent", run="")] == ["/ckpt/1", "/ckpt/2"]
+        assert [g.scenario for g in store.groups(project="old")] == [{"x": 1}]
+        store.record_run("old", "agent", "second", base_model="tiny")
+        store.record_step("old", "agent", 1, {"loss": 0.1}, run="second")  # step 1 again, in another run
+        assert [s["metrics"]["loss"] for s in store.steps("old", "agent")] == [0.1]
+        assert [s["metrics"]["loss"] for s in store.steps("old", "agent", run="")] == [0.5, 0.25]
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT value FROM art_meta").fetchone() == ("2",)
+    with art.Store(path) as store:  # opened again: nothing to do
+        assert store.count() == 3

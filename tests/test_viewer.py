@@ -100,7 +100,8 @@ def viewer(run):
 def test_api_projects_curve_groups_trajectories_compare(viewer):
     api = httpx.Client(base_url=viewer + "/api")
     (lab,) = [p for p in api.get("/projects").json() if p["project"] == "lab"]
-    assert lab["models"] == [{"model": "viewer", "trajectories": 9 * (STEPS + 1), "last_step": STEPS, "base_model": "tiny"}]
+    assert lab["models"] == [{"model": "viewer", "trajectories": 9 * (STEPS + 1), "last_step": STEPS, "runs": 1,
+                              "base_model": "tiny"}]
     curve = api.get("/curve", params={"project": "lab", "model": "viewer"}).json()
     assert [p["step"] for p in curve["points"]] == list(range(STEPS + 1)) and all(p["n"] == 9 for p in curve["points"])
     assert [m["step"] for m in curve["metrics"]] == list(range(1, STEPS + 1))
@@ -367,6 +368,51 @@ def test_the_trajectory_page_shows_any_stored_shape(tmp_path, browser):
         assert '"custom":{"name":"grep","input":"foo"}' in text.replace(" ", "")  # shown raw
         assert 'ls({"dir":"/"})' in text and '"not a list"' in text
         browser.save_screenshot(str(ARTIFACTS / "odd_shapes.png"))
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def two_runs_store(path):
+    """One model, two runs of it: steps 1-2 each, their rewards apart (0.1.. and 0.9..)."""
+    with art.Store(path) as store:
+        for run, base in (("first", 0.1), ("second", 0.9)):
+            store.record_run("p", "m", run, base_model="tiny")
+            for step in (0, 1, 2):
+                store.save([art.Trajectory(rollout="r", project="p", model="m", run=run, step=step,
+                                           reward=base + step / 100 + k / 1000) for k in range(3)])
+                if step:
+                    store.record_step("p", "m", step, {"loss": base}, run=run)
+    return path
+
+
+def test_two_runs_of_a_model_are_told_apart(tmp_path, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    server, thread, url = serve_viewer(two_runs_store(tmp_path / "s.db"))
+    try:
+        data = httpx.get(url + "/api/curve", params={"project": "p", "model": "m"}).json()
+        assert data["run"] == "second" and [r["run"] for r in data["runs"]] == ["second", "first"]
+        assert [round(q["mean"], 2) for q in data["points"]] == [0.9, 0.91, 0.92]  # the newest run, alone
+        assert [m["loss"] for m in data["metrics"]] == [0.9, 0.9]
+        first = httpx.get(url + "/api/curve", params={"project": "p", "model": "m", "run": "first"}).json()
+        assert [round(q["mean"], 2) for q in first["points"]] == [0.1, 0.11, 0.12]  # was 0.5: two runs averaged
+        assert httpx.get(url + "/api/trajectories", params={"run": "first"}).json()["total"] == 9
+        assert httpx.get(url + "/api/projects").json()[0]["models"][0]["runs"] == 2
+        browser.get(f"{url}/#/model?project=p&model=m")
+        wait_for(browser, "[data-chart=reward] circle.pt", count=3)
+        menu = Select(browser.find_element(By.ID, "run"))
+        assert [o.get_attribute("value") for o in menu.options] == ["second", "first"]
+        menu.select_by_value("first")
+        for _ in range(100):
+            if "run=first" in browser.current_url:
+                break
+            time.sleep(0.05)
+        assert "run=first" in browser.current_url
+        wait_for(browser, "#steps tr", count=4)
+        assert "0.110" in browser.find_element(By.ID, "steps").text  # the first run's rewards
+        browser.save_screenshot(str(ARTIFACTS / "runs.png"))
     finally:
         server.should_exit = True
         thread.join(10)

@@ -25,11 +25,12 @@ class Recorder:
     """Collects the calls of one running rollout. Calls keep the order they were *made*
     in, also when a stream finishes after a later call."""
 
-    __slots__ = ("calls", "notes", "_pending", "_lock")
+    __slots__ = ("calls", "notes", "seed", "_pending", "_lock")
 
-    def __init__(self) -> None:
+    def __init__(self, seed: Optional[int] = None) -> None:
         self.calls: list[Optional[LLMCall]] = []
         self.notes: list[str] = []  # what capture could not record (see sentinel.py)
+        self.seed = seed  # set by art.gather in a session: the rollout's calls sample reproducibly
         self._pending: dict[int, Callable[[], None]] = {}
         self._lock = threading.Lock()
 
@@ -119,6 +120,19 @@ def route_for(model: Any) -> Optional[tuple[Route, str]]:
     name, at, step = model.partition("@")
     route = routes.get(name) if at and step.isascii() and step.isdigit() else None
     return (route, f"{route.served_model or name}@{step}") if route is not None else None
+
+
+def with_sample_seed(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` of a call routed to a trainable model, with a sampling seed when the agent
+    gave none and its rollout has one (``art.gather`` in a session sets it from the run's seed,
+    the step, the group and the sample): the run then samples the same tokens whatever the
+    batching or the order requests arrive in. It travels in ``extra_body``, which both the
+    chat and the Responses API send as is."""
+    rec = current_recorder.get()
+    extra = kwargs.get("extra_body") or {}
+    if rec is None or rec.seed is None or "seed" in kwargs or not isinstance(extra, dict) or "seed" in extra:
+        return kwargs
+    return {**kwargs, "extra_body": {**extra, "seed": (rec.seed + 7919 * len(rec.calls)) % 2**31}}
 
 
 def hint_misspelt_model(exc: BaseException, model: Any) -> None:

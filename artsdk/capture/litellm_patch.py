@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 from ..trajectory import LLMCall
 from . import context
 from .cassette import Cassette, current_cassette
-from .context import Recorder, current_recorder, one_call, route_for
+from .context import Recorder, current_recorder, one_call, route_for, with_sample_seed
 
 _STREAM_ATTR = "_artsdk_watch"
 
@@ -66,7 +66,8 @@ def _route(kwargs: dict[str, Any]) -> dict[str, Any]:
     if found is None:
         return kwargs
     route, send_as = found
-    return {**kwargs, "model": f"openai/{send_as}", "api_base": route.base_url, "api_key": route.api_key}
+    return {**with_sample_seed(kwargs), "model": f"openai/{send_as}", "api_base": route.base_url,
+            "api_key": route.api_key}
 
 
 def _wrap_sync(orig: Callable[..., Any], kind: Kind) -> Callable[..., Any]:

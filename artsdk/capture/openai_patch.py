@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 from ..trajectory import LLMCall
 from . import context, http_body
 from .cassette import Cassette, current_cassette
-from .context import Recorder, Route, current_recorder, one_call, route_for, routes
+from .context import Recorder, Route, current_recorder, one_call, route_for, routes, with_sample_seed
 from .record import failed_call
 
 _RAW_HEADER = "X-Stainless-Raw-Response"
@@ -120,6 +120,8 @@ def _wrap_sync(orig: Callable[..., Any], kind: str, api: API) -> Callable[..., A
         if cassette is not None:
             return _replay(self, kwargs, kind, cassette, api)
         target, override = _routed(self, kwargs.get("model"), api)
+        if target is not self:
+            kwargs = with_sample_seed(kwargs)
         send = {**kwargs, **override} if override else kwargs
         with one_call(api.provider, kwargs, api.request) as (rec, t0):
             resp = orig(target, *args, **send)
@@ -138,6 +140,8 @@ def _wrap_async(orig: Callable[..., Any], kind: str, api: API) -> Callable[..., 
         if cassette is not None:
             return _replay(self, kwargs, kind, cassette, api)
         target, override = _routed(self, kwargs.get("model"), api)
+        if target is not self:
+            kwargs = with_sample_seed(kwargs)
         send = {**kwargs, **override} if override else kwargs
         with one_call(api.provider, kwargs, api.request) as (rec, t0):
             resp = await orig(target, *args, **send)

@@ -58,9 +58,10 @@ def prepare(engine: sa.engine.Engine, path: Optional[Path], where: str, allow_fo
                     f"{', '.join(sorted(names)[:5])}); point `store` at a new file, or pass "
                     f"allow_foreign=True to add artsdk's tables beside them"
                 )
+            version = T.SCHEMA_VERSION
             if "art_meta" in names:
                 row = conn.execute(sa.text("SELECT value FROM art_meta WHERE key='schema_version'")).first()
-                version = int(row[0]) if row else 0
+                version = int(row[0]) if row else T.SCHEMA_VERSION
                 if version > T.SCHEMA_VERSION:
                     raise StoreError(
                         f"{where} was written by a newer artsdk (schema {version}, this "
@@ -69,6 +70,8 @@ def prepare(engine: sa.engine.Engine, path: Optional[Path], where: str, allow_fo
         if path is not None:
             # set only once the file is known to be ours: WAL rewrites the file header
             _retry_locked(lambda: _wal(engine))
+        if version < T.SCHEMA_VERSION:
+            _retry_locked(lambda: _migrate(engine))
         _retry_locked(lambda: _create(engine))
     except StoreError:
         engine.dispose()
@@ -98,6 +101,44 @@ def _retry_locked(work: Any, seconds: float = 60.0) -> None:
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
+
+
+# schema 2 keys steps and checkpoints by run as well: the tables are rebuilt with the new key
+_KEYED_BY_RUN = {
+    "art_steps": "project VARCHAR NOT NULL, model VARCHAR NOT NULL, run VARCHAR NOT NULL DEFAULT '', "
+                 "step INTEGER NOT NULL, metrics VARCHAR NOT NULL, created_at FLOAT NOT NULL",
+    "art_checkpoints": "project VARCHAR NOT NULL, model VARCHAR NOT NULL, run VARCHAR NOT NULL DEFAULT '', "
+                       "step INTEGER NOT NULL, path VARCHAR NOT NULL, metrics VARCHAR NOT NULL, "
+                       "created_at FLOAT NOT NULL",
+}
+
+
+def _migrate(engine: sa.engine.Engine) -> None:
+    """A store of schema 1 brought to 2 (runs): a ``run`` column on trajectories and groups,
+    steps and checkpoints keyed by run (their rows get the run "", before runs). Each part
+    checks what is done, so a migration cut short finishes the next time."""
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7410298)")
+        row = conn.execute(sa.text("SELECT value FROM art_meta WHERE key='schema_version'")).first()
+        if row is not None and int(row[0]) >= 2:
+            return  # another process did it meanwhile
+        inspector = sa.inspect(conn)
+        for table in ("art_trajectories", "art_groups"):
+            if "run" not in {c["name"] for c in inspector.get_columns(table)}:
+                conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN run VARCHAR")
+        for table, columns in _KEYED_BY_RUN.items():
+            if "run" in {c["name"] for c in inspector.get_columns(table)}:
+                continue
+            old = [c["name"] for c in inspector.get_columns(table)]
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}_v2")
+            conn.exec_driver_sql(f"CREATE TABLE {table}_v2 ({columns}, PRIMARY KEY (project, model, run, step))")
+            conn.exec_driver_sql(f"INSERT INTO {table}_v2 ({', '.join(old)}, run) SELECT {', '.join(old)}, '' "
+                                 f"FROM {table}")
+            conn.exec_driver_sql(f"DROP TABLE {table}")
+            conn.exec_driver_sql(f"ALTER TABLE {table}_v2 RENAME TO {table}")
+        conn.execute(sa.text("UPDATE art_meta SET value = :v WHERE key = 'schema_version'"),
+                     {"v": str(T.SCHEMA_VERSION)})
 
 
 def _create(engine: sa.engine.Engine) -> None:

@@ -14,7 +14,7 @@ from .rows import Table, build_trajectories, loads
 
 
 def select_trajectories(
-    *, project: Optional[str] = None, model: Optional[str] = None,
+    *, project: Optional[str] = None, model: Optional[str] = None, run: Optional[str] = None,
     step: Optional[int] = None, rollout: Optional[str] = None,
     group_id: Optional[str] = None, ids: Optional[Sequence[str]] = None,
     min_reward: Optional[float] = None, max_reward: Optional[float] = None,
@@ -23,7 +23,7 @@ def select_trajectories(
     """The trajectory rows matching every given filter."""
     t = T.TrajectoryRow.__table__
     q = sa.select(t)
-    for col, value in (("project", project), ("model", model), ("step", step),
+    for col, value in (("project", project), ("model", model), ("run", run), ("step", step),
                        ("rollout", rollout), ("group_id", group_id)):
         if value is not None:
             q = q.where(t.c[col] == value)
@@ -77,13 +77,13 @@ def fetch(engine: sa.engine.Engine, conn: sa.Connection, q: sa.Select) -> Table:
 
 
 def load_groups(engine: sa.engine.Engine, where: str, *, project: Optional[str] = None,
-                model: Optional[str] = None, step: Optional[int] = None,
+                model: Optional[str] = None, run: Optional[str] = None, step: Optional[int] = None,
                 ids: Optional[Sequence[str]] = None) -> list[Group]:
     """Stored groups with their trajectories (in group order; of a retried rollout, its
     last attempt)."""
     g = T.GroupRow.__table__
     q = sa.select(g)
-    for col, value in (("project", project), ("model", model), ("step", step)):
+    for col, value in (("project", project), ("model", model), ("run", run), ("step", step)):
         if value is not None:
             q = q.where(g.c[col] == value)
     if ids is not None:
@@ -107,19 +107,59 @@ def load_groups(engine: sa.engine.Engine, where: str, *, project: Optional[str] 
     return out
 
 
-def load_steps(engine: sa.engine.Engine, project: str, model: str) -> list[dict[str, Any]]:
-    """A model's recorded training steps, oldest first."""
+def load_steps(engine: sa.engine.Engine, project: str, model: str, run: Optional[str]) -> list[dict[str, Any]]:
+    """A run's recorded training steps (of the model's newest run when ``run`` is None), oldest first."""
+    s = T.StepRow.__table__
+    run = latest_run(engine, project, model) if run is None else run
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(s).where(s.c.project == project, s.c.model == model, s.c.run == (run or ""))
+                            .order_by(s.c.step)).all()
+    return [{"step": r.step, "run": r.run, "metrics": loads(r.metrics), "created_at": r.created_at} for r in rows]
+
+
+def load_checkpoints(engine: sa.engine.Engine, project: str, model: str,
+                     run: Optional[str]) -> list[dict[str, Any]]:
+    """A run's recorded checkpoints (of the model's newest run when ``run`` is None), oldest step first."""
+    c = T.CheckpointRow.__table__
+    run = latest_run(engine, project, model) if run is None else run
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(c).where(c.c.project == project, c.c.model == model, c.c.run == (run or ""))
+                            .order_by(c.c.step)).all()
+    return [{"step": r.step, "run": r.run, "path": r.path, "metrics": loads(r.metrics)} for r in rows]
+
+
+def load_runs(engine: sa.engine.Engine, project: Optional[str], model: Optional[str]) -> list[dict[str, Any]]:
+    """Runs, newest first, with their steps and trajectories counted."""
+    r, s, t = T.RunRow.__table__, T.StepRow.__table__, T.TrajectoryRow.__table__
+    q = sa.select(r).order_by(r.c.started_at.desc())
+    if project is not None:
+        q = q.where(r.c.project == project)
+    if model is not None:
+        q = q.where(r.c.model == model)
+    out = []
+    with engine.connect() as conn:
+        for row in conn.execute(q).all():
+            steps = conn.execute(sa.select(sa.func.max(s.c.step)).where(
+                s.c.project == row.project, s.c.model == row.model, s.c.run == row.run)).scalar()
+            n = conn.execute(sa.select(sa.func.count()).select_from(t).where(
+                t.c.project == row.project, t.c.model == row.model, t.c.run == row.run)).scalar()
+            out.append({"project": row.project, "model": row.model, "run": row.run, "base_model": row.base_model,
+                        "started_at": row.started_at, "meta": loads(row.meta), "last_step": steps,
+                        "trajectories": int(n or 0)})
+    return out
+
+
+def latest_run(engine: sa.engine.Engine, project: str, model: str) -> Optional[str]:
+    """The model's newest run ("" for a store written before runs, None when it has none)."""
+    r = T.RunRow.__table__
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(r.c.run).where(r.c.project == project, r.c.model == model)
+                           .order_by(r.c.started_at.desc()).limit(1)).first()
+    return row[0] if row is not None else ("" if _has_steps(engine, project, model) else None)
+
+
+def _has_steps(engine: sa.engine.Engine, project: str, model: str) -> bool:
     s = T.StepRow.__table__
     with engine.connect() as conn:
-        rows = conn.execute(sa.select(s).where(s.c.project == project, s.c.model == model)
-                            .order_by(s.c.step)).all()
-    return [{"step": r.step, "metrics": loads(r.metrics), "created_at": r.created_at} for r in rows]
-
-
-def load_checkpoints(engine: sa.engine.Engine, project: str, model: str) -> list[dict[str, Any]]:
-    """A model's recorded checkpoints, oldest step first."""
-    c = T.CheckpointRow.__table__
-    with engine.connect() as conn:
-        rows = conn.execute(sa.select(c).where(c.c.project == project, c.c.model == model)
-                            .order_by(c.c.step)).all()
-    return [{"step": r.step, "path": r.path, "metrics": loads(r.metrics)} for r in rows]
+        return conn.execute(sa.select(s.c.step).where(s.c.project == project, s.c.model == model).limit(1)) \
+            .first() is not None

@@ -49,7 +49,7 @@ def trajectory_rows(t: Trajectory) -> tuple[dict[str, Any], list[dict], list[dic
     """(trajectory row, call rows, choice rows, reward rows) for one trajectory."""
     err = t.error
     row = {
-        "id": t.id, "project": t.project, "model": t.model, "step": t.step,
+        "id": t.id, "project": t.project, "model": t.model, "run": t.run, "step": t.step,
         "group_id": t.group_id, "group_index": t.group_index, "rollout": t.rollout,
         "attempt": t.attempt, "scenario": dumps(t.scenario), "outcome": dumps(t.outcome),
         "reward": t.reward,
@@ -97,11 +97,11 @@ class Rows:
         self.replace = replace
 
 
-def group_row(g: Group, project: Optional[str], model: Optional[str], step: Optional[int],
+def group_row(g: Group, project: Optional[str], model: Optional[str], run: Optional[str], step: Optional[int],
               created_at: float) -> dict[str, Any]:
     scored = g.scored
     return {
-        "id": g.id, "project": project, "model": model, "step": step, "rollout": g.rollout,
+        "id": g.id, "project": project, "model": model, "run": run, "step": step, "rollout": g.rollout,
         "scenario": dumps(g.scenario), "size": len(g),
         "reward_mean": g.mean if scored else None, "reward_std": g.std if scored else None,
         "no_signal": g.no_signal, "created_at": created_at,
@@ -194,7 +194,7 @@ def _build(rows: Table, calls: Table, choices: Table, rewards: Table) -> list[Tr
                                               traceback=r[kt["traceback"]] or "")
         out.append(_make(Trajectory, _TRAJ, None, {
             "id": tid, "rollout": r[kt["rollout"]], "project": r[kt["project"]],
-            "model": r[kt["model"]], "step": r[kt["step"]], "group_id": r[kt["group_id"]],
+            "model": r[kt["model"]], "run": r[kt["run"]], "step": r[kt["step"]], "group_id": r[kt["group_id"]],
             "group_index": r[kt["group_index"]], "attempt": r[kt["attempt"]],
             "scenario": loads(r[kt["scenario"]]), "outcome": loads(r[kt["outcome"]]),
             "calls": built, "rewards": rewards_of.get(tid, {}), "reward": r[kt["reward"]],

@@ -17,7 +17,7 @@ from ..errors import StoreError
 from ..trajectory import Group, Trajectory
 from . import tables as T
 from .database import connect, prepare, sqlite_path
-from .query import load, load_checkpoints, load_groups, load_steps, select_trajectories
+from .query import latest_run, load, load_checkpoints, load_groups, load_runs, load_steps, select_trajectories
 from .rows import dumps
 from .writer import Job, Writer
 from .writing import submission, upsert, write
@@ -97,19 +97,37 @@ class Store:
                      {"base_model": base_model, "config": dumps(config), "created_at": time.time()})
 
     def record_step(self, project: str, model: str, step: int, metrics: dict[str, Any],
-                    checkpoint: Optional[str] = None) -> None:
-        """Remember a training step's metrics, and its checkpoint when it wrote one."""
+                    checkpoint: Optional[str] = None, run: str = "") -> None:
+        """Remember a training step's metrics (in ``run``), and its checkpoint when it wrote one."""
         now = time.time()
-        self._upsert(T.StepRow, {"project": project, "model": model, "step": step},
+        self._upsert(T.StepRow, {"project": project, "model": model, "run": run, "step": step},
                      {"metrics": dumps(metrics), "created_at": now})
         if checkpoint is not None:
-            self._upsert(T.CheckpointRow, {"project": project, "model": model, "step": step},
+            self._upsert(T.CheckpointRow, {"project": project, "model": model, "run": run, "step": step},
                          {"path": checkpoint, "metrics": dumps(metrics), "created_at": now})
+
+    def record_run(self, project: str, model: str, run: str, base_model: str = "",
+                   meta: Optional[dict[str, Any]] = None) -> None:
+        """Remember a training run (done by ``art.session``); ``meta`` is merged into what it holds."""
+        old = next((r["meta"] for r in self.runs(project=project, model=model) if r["run"] == run), None)
+        values: dict[str, Any] = {"meta": dumps({**(old or {}), **(meta or {})})}
+        if old is None:
+            values.update(base_model=base_model, started_at=time.time())
+        self._upsert(T.RunRow, {"project": project, "model": model, "run": run}, values)
+
+    def runs(self, *, project: Optional[str] = None, model: Optional[str] = None) -> list[dict[str, Any]]:
+        """Training runs, newest first: ``[{"project", "model", "run", "last_step", "trajectories",
+        "started_at", "base_model", "meta"}, ...]``."""
+        return load_runs(self._engine, project, model)
+
+    def latest_run(self, project: str, model: str) -> Optional[str]:
+        """The model's newest run (None when it has none)."""
+        return latest_run(self._engine, project, model)
 
     # ---- reading -----------------------------------------------------------------------
 
     def trajectories(
-        self, *, project: Optional[str] = None, model: Optional[str] = None,
+        self, *, project: Optional[str] = None, model: Optional[str] = None, run: Optional[str] = None,
         step: Optional[int] = None, rollout: Optional[str] = None,
         group_id: Optional[str] = None, ids: Optional[Sequence[str]] = None,
         min_reward: Optional[float] = None, max_reward: Optional[float] = None,
@@ -121,7 +139,7 @@ class Store:
         ``error=True`` keeps only failed rollouts, ``error=False`` only finished ones.
         """
         t = T.TrajectoryRow.__table__
-        q = select_trajectories(project=project, model=model, step=step, rollout=rollout,
+        q = select_trajectories(project=project, model=model, run=run, step=step, rollout=rollout,
                                 group_id=group_id, ids=ids, min_reward=min_reward,
                                 max_reward=max_reward, error=error)
         order = t.c.started_at.desc() if newest_first else t.c.started_at
@@ -164,19 +182,20 @@ class Store:
             offset += batch
 
     def groups(
-        self, *, project: Optional[str] = None, model: Optional[str] = None,
+        self, *, project: Optional[str] = None, model: Optional[str] = None, run: Optional[str] = None,
         step: Optional[int] = None, ids: Optional[Sequence[str]] = None,
     ) -> list[Group]:
         """Stored groups with their trajectories (in group order), ready for training."""
-        return load_groups(self._engine, self._where, project=project, model=model, step=step, ids=ids)
+        return load_groups(self._engine, self._where, project=project, model=model, run=run, step=step, ids=ids)
 
-    def steps(self, project: str, model: str) -> list[dict[str, Any]]:
-        """Recorded training steps of a model: ``[{"step": 1, "metrics": {...}}, ...]``."""
-        return load_steps(self._engine, project, model)
+    def steps(self, project: str, model: str, run: Optional[str] = None) -> list[dict[str, Any]]:
+        """Recorded training steps of a model's run (default: its newest run):
+        ``[{"step": 1, "run": ..., "metrics": {...}}, ...]``."""
+        return load_steps(self._engine, project, model, run)
 
-    def checkpoints(self, project: str, model: str) -> list[dict[str, Any]]:
-        """Recorded checkpoints of a model, oldest step first."""
-        return load_checkpoints(self._engine, project, model)
+    def checkpoints(self, project: str, model: str, run: Optional[str] = None) -> list[dict[str, Any]]:
+        """Recorded checkpoints of a model's run (default: its newest run), oldest step first."""
+        return load_checkpoints(self._engine, project, model, run)
 
     def export_jsonl(self, out: Union[str, Path, IO[str]], **filters: Any) -> int:
         """Write matching trajectories to a JSON Lines file, one per line; returns the count."""

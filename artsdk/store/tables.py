@@ -14,7 +14,7 @@ from sqlalchemy import Index
 from sqlalchemy.orm import registry
 from sqlmodel import Field, SQLModel
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: runs (a run column, art_runs; steps and checkpoints keyed by run)
 _registry = registry()
 
 
@@ -46,12 +46,26 @@ class ModelRow(_Table, table=True):
     created_at: float
 
 
+class RunRow(_Table, table=True):
+    """One training run of a model: a session from the base model (or resumed from where an
+    earlier run of it stopped), and everything it gathered and trained."""
+
+    __tablename__ = "art_runs"
+    project: str = Field(primary_key=True)
+    model: str = Field(primary_key=True)
+    run: str = Field(primary_key=True)
+    base_model: str = ""
+    started_at: float
+    meta: str = "{}"
+
+
 class StepRow(_Table, table=True):
-    """One training step of a model, with its metrics."""
+    """One training step of a model in a run, with its metrics."""
 
     __tablename__ = "art_steps"
     project: str = Field(primary_key=True)
     model: str = Field(primary_key=True)
+    run: str = Field(default="", primary_key=True)
     step: int = Field(primary_key=True)
     metrics: str = "{}"
     created_at: float
@@ -63,6 +77,7 @@ class GroupRow(_Table, table=True):
     id: str = Field(primary_key=True)
     project: Optional[str] = Field(default=None, index=True)
     model: Optional[str] = None
+    run: Optional[str] = None
     step: Optional[int] = None
     rollout: str = ""
     scenario: str = "null"
@@ -75,10 +90,12 @@ class GroupRow(_Table, table=True):
 
 class TrajectoryRow(_Table, table=True):
     __tablename__ = "art_trajectories"
-    __table_args__ = (Index("ix_art_traj_pms", "project", "model", "step"),)
+    __table_args__ = (Index("ix_art_traj_pms", "project", "model", "step"),
+                      Index("ix_art_traj_pmrs", "project", "model", "run", "step"))
     id: str = Field(primary_key=True)
     project: Optional[str] = None
     model: Optional[str] = None
+    run: Optional[str] = None
     step: Optional[int] = None
     group_id: Optional[str] = Field(default=None, index=True)
     group_index: Optional[int] = None
@@ -143,6 +160,7 @@ class CheckpointRow(_Table, table=True):
     __tablename__ = "art_checkpoints"
     project: str = Field(primary_key=True)
     model: str = Field(primary_key=True)
+    run: str = Field(default="", primary_key=True)
     step: int = Field(primary_key=True)
     path: str = ""
     metrics: str = "{}"

@@ -55,7 +55,7 @@ def _rows(trajs: list[Trajectory], groups: Sequence[Group], replace: bool) -> Ro
     now = time.time()
     batch = Rows(
         groups=[group_row(g, g[0].project if len(g) else None, g[0].model if len(g) else None,
-                          g[0].step if len(g) else None, now) for g in groups],
+                          g[0].run if len(g) else None, g[0].step if len(g) else None, now) for g in groups],
         projects={t.project for t in trajs if t.project},
         replace=replace,
     )

@@ -6,9 +6,9 @@ One page (``static/``: plain HTML, CSS and JavaScript, shipped in the package, n
 fetched from the internet, no build step) and a JSON API it reads:
 
     GET /api/projects                                   projects, models, trajectory counts
-    GET /api/curve?project=&model=                      reward per step (mean, spread) and training metrics
-    GET /api/groups?project=&model=&step=&offset=       a page of a step's groups and their members
-    GET /api/trajectories?project=&model=&rollout=&min_step=&max_step=&min_reward=&max_reward=&errors=&offset=
+    GET /api/curve?project=&model=&run=                 a run's reward per step (mean, spread), its metrics, the runs
+    GET /api/groups?project=&model=&step=&run=&offset=  a page of a step's groups and their members
+    GET /api/trajectories?project=&model=&run=&rollout=&min_step=&max_step=&min_reward=&max_reward=&errors=&offset=
     GET /api/trajectories/{id}                          one trajectory whole, with its tokens' text
     GET /api/scenarios?project=&model=&step=            scenarios of a step (to compare)
     GET /api/compare?project=&model=&scenario=&a=&b=    one scenario's trajectories at two steps
@@ -92,20 +92,21 @@ def build_app(store: Store, api_key: Optional[str] = None, hosts: Optional[set[s
         return views.projects()
 
     @app.get("/api/curve")
-    def curve(project: str, model: str) -> Any:
-        return views.curve(project, model)
+    def curve(project: str, model: str, run: Optional[str] = None) -> Any:
+        return views.curve(project, model, run)
 
     @app.get("/api/groups")
     def groups(project: str, model: str, step: int = Query(..., **INT), offset: int = Query(0, ge=0, le=INT["le"]),
-               limit: int = Query(PAGE, ge=1, le=500)) -> Any:
-        return views.groups(project, model, step, offset, limit)
+               limit: int = Query(PAGE, ge=1, le=500), run: Optional[str] = None) -> Any:
+        return views.groups(project, model, step, offset, limit, run)
 
     @app.get("/api/trajectories")
-    def trajectories(project: Optional[str] = None, model: Optional[str] = None, rollout: Optional[str] = None,
+    def trajectories(project: Optional[str] = None, model: Optional[str] = None, run: Optional[str] = None,
+                     rollout: Optional[str] = None,
                      min_step: Optional[int] = Query(None, **INT), max_step: Optional[int] = Query(None, **INT),
                      min_reward: Optional[float] = None, max_reward: Optional[float] = None, errors: bool = False,
                      offset: int = Query(0, ge=0, le=INT["le"]), limit: int = Query(PAGE, ge=1, le=500)) -> Any:
-        return views.trajectories(project=project, model=model, rollout=rollout, min_step=min_step,
+        return views.trajectories(project=project, model=model, run=run, rollout=rollout, min_step=min_step,
                                   max_step=max_step, min_reward=min_reward, max_reward=max_reward, errors=errors,
                                   offset=offset, limit=limit)
 
@@ -120,13 +121,14 @@ def build_app(store: Store, api_key: Optional[str] = None, hosts: Optional[set[s
         return with_token_texts(views, t)
 
     @app.get("/api/scenarios")
-    def scenarios(project: str, model: str, step: int = Query(..., **INT)) -> Any:
-        return views.scenarios(project, model, step)
+    def scenarios(project: str, model: str, step: int = Query(..., **INT), run: Optional[str] = None) -> Any:
+        return views.scenarios(project, model, step, run=run)
 
     @app.get("/api/compare")
-    def compare(project: str, model: str, scenario: str, a: int = Query(..., **INT), b: int = Query(..., **INT)) -> Any:
+    def compare(project: str, model: str, scenario: str, a: int = Query(..., **INT), b: int = Query(..., **INT),
+                run: Optional[str] = None) -> Any:
         try:
-            out = views.compare(project, model, scenario, a, b)
+            out = views.compare(project, model, scenario, a, b, run)
         except ValueError as e:
             raise HTTPException(400, str(e)) from None
         for side in ("a", "b"):

@@ -24,6 +24,11 @@ _rewards = T.RewardRow.__table__
 _calls = T.CallRow.__table__
 
 
+def _in_run(col: Any, run: Optional[str]) -> Any:
+    """Rows of ``run`` ("" is the rows written before runs existed, whose run is empty or NULL)."""
+    return sa.or_(col.is_(None), col == "") if run == "" else col == run
+
+
 class Views:
     """The viewer's reads of one store."""
 
@@ -41,7 +46,8 @@ class Views:
         """Every project, its models and how many trajectories each has (and the
         trajectories of no trainable model, under the model None)."""
         counts = self._rows(sa.select(_traj.c.project, _traj.c.model, sa.func.count().label("trajectories"),
-                                      sa.func.max(_traj.c.step).label("last_step"))
+                                      sa.func.max(_traj.c.step).label("last_step"),
+                                      sa.func.count(sa.distinct(_traj.c.run)).label("runs"))
                             .group_by(_traj.c.project, _traj.c.model))
         models = {(m["project"], m["name"]): m for m in self._rows(sa.select(_models))}
         out: dict[str, dict[str, Any]] = {}
@@ -49,10 +55,10 @@ class Views:
             entry = out.setdefault(c["project"] or "", {"project": c["project"] or "", "models": []})
             info = models.pop((c["project"], c["model"]), None)
             entry["models"].append({"model": c["model"], "trajectories": c["trajectories"], "last_step": c["last_step"],
-                                    "base_model": info["base_model"] if info else None})
+                                    "runs": c["runs"], "base_model": info["base_model"] if info else None})
         for (project, name), info in models.items():  # registered, nothing gathered yet
             out.setdefault(project, {"project": project, "models": []})["models"].append(
-                {"model": name, "trajectories": 0, "last_step": None, "base_model": info["base_model"]})
+                {"model": name, "trajectories": 0, "last_step": None, "runs": 0, "base_model": info["base_model"]})
         return sorted(out.values(), key=lambda p: p["project"])
 
     def base_model(self, project: Optional[str], model: Optional[str]) -> Optional[str]:
@@ -61,14 +67,21 @@ class Views:
 
     # -- the curve ------------------------------------------------------------------------
 
-    def curve(self, project: str, model: str) -> dict[str, Any]:
-        """Per step: the rewards' count, mean, spread, range and failures; and the training
-        metrics the step recorded."""
+    def runs(self, project: str, model: str) -> list[dict[str, Any]]:
+        """The model's runs, newest first (what the run menu offers)."""
+        return [{k: r[k] for k in ("run", "started_at", "last_step", "trajectories")}
+                for r in self.store.runs(project=project, model=model)]
+
+    def curve(self, project: str, model: str, run: Optional[str] = None) -> dict[str, Any]:
+        """Per step of one run (default: the newest): the rewards' count, mean, spread, range
+        and failures; and the training metrics the step recorded."""
+        run = self.store.latest_run(project, model) if run is None else run
         r = _traj.c.reward
         q = (sa.select(_traj.c.step, sa.func.count().label("n"), sa.func.avg(r).label("mean"),
                        sa.func.avg(r * r).label("mean_sq"), sa.func.min(r).label("min"), sa.func.max(r).label("max"),
                        sa.func.sum(sa.case((_traj.c.error_type.is_not(None), 1), else_=0)).label("errors"))
-             .where(_traj.c.project == project, _traj.c.model == model, _traj.c.step.is_not(None))
+             .where(_traj.c.project == project, _traj.c.model == model, _traj.c.step.is_not(None),
+                    *([] if run is None else [_in_run(_traj.c.run, run)]))
              .group_by(_traj.c.step).order_by(_traj.c.step))
         points = []
         for p in self._rows(q):
@@ -77,16 +90,21 @@ class Views:
             points.append({**p, "std": math.sqrt(var) if var is not None else None})
         metrics = [{"step": s["step"], **json.loads(s["metrics"])}
                    for s in self._rows(sa.select(_steps.c.step, _steps.c.metrics)
-                                       .where(_steps.c.project == project, _steps.c.model == model)
+                                       .where(_steps.c.project == project, _steps.c.model == model,
+                                              _steps.c.run == (run or ""))
                                        .order_by(_steps.c.step))]
-        return {"project": project, "model": model, "points": points, "metrics": metrics}
+        return {"project": project, "model": model, "run": run, "runs": self.runs(project, model),
+                "points": points, "metrics": metrics}
 
     # -- groups ---------------------------------------------------------------------------
 
-    def groups(self, project: str, model: str, step: int, offset: int = 0, limit: int = PAGE) -> dict[str, Any]:
-        """A page of the groups gathered at ``step``, each with its members' rewards, reward
-        parts and failures."""
-        where = [_groups.c.project == project, _groups.c.model == model, _groups.c.step == step]
+    def groups(self, project: str, model: str, step: int, offset: int = 0, limit: int = PAGE,
+               run: Optional[str] = None) -> dict[str, Any]:
+        """A page of the groups gathered at ``step`` (of ``run``, default the newest), each with
+        its members' rewards, reward parts and failures."""
+        run = self.store.latest_run(project, model) if run is None else run
+        where = [_groups.c.project == project, _groups.c.model == model, _groups.c.step == step,
+                 *([] if run is None else [_in_run(_groups.c.run, run)])]
         total = self._rows(sa.select(sa.func.count().label("n")).select_from(_groups).where(*where))[0]["n"]
         page = self._rows(sa.select(_groups).where(*where).order_by(_groups.c.created_at, _groups.c.id)
                           .offset(offset).limit(limit))
@@ -123,7 +141,7 @@ class Views:
 
     # -- trajectories ---------------------------------------------------------------------
 
-    def trajectories(self, *, project: Optional[str] = None, model: Optional[str] = None,
+    def trajectories(self, *, project: Optional[str] = None, model: Optional[str] = None, run: Optional[str] = None,
                      rollout: Optional[str] = None, min_step: Optional[int] = None, max_step: Optional[int] = None,
                      min_reward: Optional[float] = None, max_reward: Optional[float] = None,
                      errors: bool = False, offset: int = 0, limit: int = PAGE) -> dict[str, Any]:
@@ -132,6 +150,8 @@ class Views:
         for col, value in (("project", project), ("model", model), ("rollout", rollout)):
             if value is not None:
                 where.append(_traj.c[col] == value)
+        if run is not None:
+            where.append(_in_run(_traj.c.run, run))
         if min_step is not None:
             where.append(_traj.c.step >= min_step)
         if max_step is not None:
@@ -143,7 +163,7 @@ class Views:
         if errors:
             where.append(_traj.c.error_type.is_not(None))
         total = self._rows(sa.select(sa.func.count().label("n")).select_from(_traj).where(*where))[0]["n"]
-        cols = [_traj.c[c] for c in ("id", "project", "model", "step", "rollout", "group_id", "group_index", "attempt",
+        cols = [_traj.c[c] for c in ("id", "project", "model", "run", "step", "rollout", "group_id", "group_index", "attempt",
                                      "reward", "error_type", "error_message", "started_at", "duration", "n_calls",
                                      "scenario")]
         rows = self._rows(sa.select(*cols).where(*where).order_by(_traj.c.started_at.desc())
@@ -158,16 +178,20 @@ class Views:
         t = self.store.get(trajectory_id)
         return json.loads(t.model_dump_json(fallback=repr))
 
-    def compare(self, project: str, model: str, scenario: str, step_a: int, step_b: int) -> dict[str, Any]:
-        """The trajectories of one scenario (as JSON, however spaced) at two steps."""
+    def compare(self, project: str, model: str, scenario: str, step_a: int, step_b: int,
+                run: Optional[str] = None) -> dict[str, Any]:
+        """The trajectories of one scenario (as JSON, however spaced) at two steps of a run
+        (default: the newest)."""
         try:
             parsed = json.loads(scenario)
         except ValueError:
             raise ValueError(f"scenario {scenario[:80]!r} is not JSON (give it as the step page links it)") from None
         stored = dumps(parsed)  # the store's spelling of it
+        run = self.store.latest_run(project, model) if run is None else run
         q = (sa.select(_traj.c.id, _traj.c.step).where(_traj.c.project == project, _traj.c.model == model,
                                                         _traj.c.scenario == stored,
-                                                        _traj.c.step.in_([step_a, step_b]))
+                                                        _traj.c.step.in_([step_a, step_b]),
+                                                        *([] if run is None else [_in_run(_traj.c.run, run)]))
              .order_by(_traj.c.group_index, _traj.c.attempt).limit(4 * PAGE))
         found = self._rows(q)
         out: dict[str, Any] = {"scenario": parsed, "a": [], "b": [], "step_a": step_a, "step_b": step_b}
@@ -176,8 +200,11 @@ class Views:
             out[side].append(self.trajectory(row["id"]))
         return out
 
-    def scenarios(self, project: str, model: str, step: int, limit: int = PAGE) -> list[str]:
-        """The scenarios (stored JSON) gathered at ``step``, for choosing one to compare."""
+    def scenarios(self, project: str, model: str, step: int, limit: int = PAGE,
+                  run: Optional[str] = None) -> list[str]:
+        """The scenarios (stored JSON) gathered at ``step`` of a run, for choosing one to compare."""
+        run = self.store.latest_run(project, model) if run is None else run
         q = (sa.select(_traj.c.scenario).where(_traj.c.project == project, _traj.c.model == model,
-                                                _traj.c.step == step).distinct().limit(limit))
+                                                _traj.c.step == step, *([] if run is None else [_in_run(_traj.c.run, run)]))
+             .distinct().limit(limit))
         return [r["scenario"] for r in self._rows(q)]

@@ -86,12 +86,17 @@ class LocalBackend:
 
     # -- Backend protocol -----------------------------------------------------------------
 
-    async def register(self, model: TrainableModel) -> Endpoint:
+    async def register(self, model: TrainableModel, *, fresh: bool = False) -> Endpoint:
+        moved = None
+        if fresh:  # from the base model: what is loaded goes, its checkpoints are moved aside
+            await self.unregister(model)
+            moved = move_aside(self.home / model.project / model.name / "checkpoints")
         served = self.models.get(model.name)
         if served is None:
             served = await anyio.to_thread.run_sync(self._load, model)
         base_url = self._ensure_server() if self.http else ""
-        return Endpoint(base_url=base_url, api_key=self.api_key or "artsdk", model=model.name)
+        return Endpoint(base_url=base_url, api_key=self.api_key or "artsdk", model=model.name,
+                        moved_aside=str(moved) if moved else None)
 
     def app(self) -> Any:
         """The OpenAI-compatible ASGI app serving every registered model."""
@@ -196,6 +201,22 @@ class LocalBackend:
     @property
     def base_url(self) -> Optional[str]:
         return self._server.base_url if self._server is not None else None
+
+
+def move_aside(folder: Path) -> Optional[Path]:
+    """Rename a model's checkpoints folder to ``checkpoints.<time>`` when it holds any (they
+    are never deleted); the folder it went to, or None."""
+    import time
+
+    if not folder.is_dir() or not any(p.name.isdigit() for p in folder.iterdir()):
+        return None
+    kept = folder.with_name(f"{folder.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+    n = 1
+    while kept.exists():
+        kept, n = folder.with_name(f"{folder.name}.{time.strftime('%Y%m%d-%H%M%S')}.{n}"), n + 1
+    folder.rename(kept)
+    log.info("starting fresh: the earlier checkpoints were moved to %s", kept)
+    return kept
 
 
 async def _interruptible(fn: Any, *args: Any) -> Any:

@@ -82,11 +82,12 @@ class RemoteBackend:
 
     # -- Backend protocol -----------------------------------------------------------------
 
-    async def register(self, model: TrainableModel) -> Endpoint:
-        await self._request("POST", "/v1/art/models", json={
+    async def register(self, model: TrainableModel, *, fresh: bool = False) -> Endpoint:
+        r = await self._request("POST", "/v1/art/models", json={
             "name": model.name, "base_model": model.base_model, "project": model.project,
-            "config": model.config})
-        return Endpoint(base_url=f"{self.url}/v1", api_key=self.api_key or "artsdk", model=model.name)
+            "config": model.config, "fresh": fresh})
+        return Endpoint(base_url=f"{self.url}/v1", api_key=self.api_key or "artsdk", model=model.name,
+                        moved_aside=r.json().get("moved_aside"))
 
     async def step(self, model: TrainableModel) -> int:
         r = await self._request("GET", f"/v1/art/models/{model.name}")

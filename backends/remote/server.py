@@ -59,6 +59,7 @@ class RegisterRequest(BaseModel):
     base_model: str = Field(min_length=1, max_length=1024)
     project: str = Field("default", pattern=NAME)
     config: dict[str, Any] = Field(default_factory=dict)
+    fresh: bool = False  # from the base model: the model's earlier checkpoints are moved aside
 
     @field_validator("config")
     @classmethod
@@ -158,7 +159,7 @@ def build_app(backend: Any, backend_name: str, home: Path, api_key: Optional[str
         if old is not None and old.base_model != spec.base_model:
             raise HTTPException(409, f"model {body.name!r} is registered with base model {old.base_model!r}")
         try:
-            await backend.register(spec)
+            endpoint = await backend.register(spec, fresh=body.fresh)
         except ModelLoadError as e:  # the details name files on this machine: they stay in its log
             log.warning("register %r: %s", body.name, e)
             raise HTTPException(400, f"base model {body.base_model!r} cannot be loaded on this server; give a "
@@ -166,7 +167,7 @@ def build_app(backend: Any, backend_name: str, home: Path, api_key: Optional[str
         loaded.add(body.name)
         registry.models[body.name] = spec
         registry.save()
-        return {"name": body.name, "step": await backend.step(spec)}
+        return {"name": body.name, "step": await backend.step(spec), "moved_aside": endpoint.moved_aside}
 
     @app.get("/v1/art/models/{name}")
     async def get_model(name: str) -> dict[str, Any]:

@@ -23,6 +23,8 @@ const svg = (tag, attrs = {}, ...children) => {
 };
 const fmt = (x, d = 3) => (x === null || x === undefined || Number.isNaN(x)) ? "–" : Number(x).toFixed(d);
 const link = (view, params, text) => el("a", { href: "#/" + view + "?" + new URLSearchParams(params) }, text);
+// the run a page shows travels in its links: two runs of one model never mix on a page
+const inRun = p => (p.run !== undefined && p.run !== null ? { run: p.run } : {});
 
 async function api(path, params = {}) {
   const q = new URLSearchParams(Object.entries(params).filter(([, v]) => v !== "" && v !== null && v !== undefined));
@@ -46,8 +48,9 @@ route();
 function setCrumbs(p) {
   const parts = [];
   if (p.project !== undefined) parts.push(el("span", {}, p.project || "(no project)"));
-  if (p.model) parts.push(link("model", { project: p.project, model: p.model }, p.model));
-  if (p.step !== undefined) parts.push(link("step", { project: p.project, model: p.model, step: p.step }, "step " + p.step));
+  if (p.model) parts.push(link("model", { project: p.project, model: p.model, ...inRun(p) }, p.model));
+  if (p.run) parts.push(el("span", { class: "muted" }, "run " + p.run));
+  if (p.step !== undefined) parts.push(link("step", { project: p.project, model: p.model, step: p.step, ...inRun(p) }, "step " + p.step));
   crumbs.replaceChildren(...parts.flatMap((x, i) => i ? [" / ", x] : [x]));
 }
 
@@ -56,10 +59,10 @@ async function projects() {
   const data = await api("projects");
   const rows = data.flatMap(p => p.models.map(m => el("tr", {},
     el("td", {}, p.project), el("td", {}, m.model ? link("model", { project: p.project, model: m.model }, m.model) : el("span", { class: "muted" }, "(no trainable model)")),
-    el("td", {}, m.base_model || "–"), el("td", {}, m.last_step ?? "–"),
+    el("td", {}, m.base_model || "–"), el("td", {}, m.runs ?? "–"), el("td", {}, m.last_step ?? "–"),
     el("td", {}, link("trajectories", { project: p.project, ...(m.model ? { model: m.model } : {}) }, m.trajectories)))));
   main.replaceChildren(el("h1", {}, "Projects and models"), data.length ? el("table", { id: "projects" },
-    el("tr", {}, ...["project", "model", "base model", "last step", "trajectories"].map(h => el("th", {}, h))), rows)
+    el("tr", {}, ...["project", "model", "base model", "runs", "last step", "trajectories"].map(h => el("th", {}, h))), rows)
     : el("p", { class: "muted" }, "The store is empty: run some rollouts first."));
 }
 
@@ -91,19 +94,24 @@ function lineChart(title, points, opts = {}) {
 }
 
 async function model(p) {
-  setCrumbs(p);
   const draw = async () => {
-    const data = await api("curve", { project: p.project, model: p.model });
+    const data = await api("curve", { project: p.project, model: p.model, ...inRun(p) });
+    const run = { run: data.run ?? "" };  // the run shown: the one asked for, else the newest
+    setCrumbs({ ...p, ...run });
     const pts = data.points.filter(q => q.mean !== null);
     const curve = lineChart("mean reward (band: ± one std)", pts.map(q => ({ x: q.step, y: q.mean, lo: q.mean - (q.std || 0), hi: q.mean + (q.std || 0) })),
-      { id: "reward", onclick: q => location.hash = "#/step?" + new URLSearchParams({ project: p.project, model: p.model, step: q.x }) });
+      { id: "reward", onclick: q => location.hash = "#/step?" + new URLSearchParams({ project: p.project, model: p.model, step: q.x, ...run }) });
+    const runs = el("select", { id: "run", onchange: e => location.hash = "#/model?" + new URLSearchParams({ project: p.project, model: p.model, run: e.target.value }) },
+      data.runs.map(r => el("option", { value: r.run, ...(r.run === run.run ? { selected: "" } : {}) },
+        `${r.run || "(before runs)"} · ${r.last_step ?? 0} steps · ${r.trajectories} trajectories`)));
     const metric = (name, title) => lineChart(title, data.metrics.filter(m => m[name] !== undefined).map(m => ({ x: m.step, y: m[name] })), { id: name });
     const table = el("table", { id: "steps" }, el("tr", {}, ...["step", "trajectories", "mean", "std", "min", "max", "failed", ""].map(h => el("th", {}, h))),
       data.points.map(q => el("tr", {}, el("td", {}, q.step), el("td", {}, q.n), el("td", {}, fmt(q.mean)), el("td", {}, fmt(q.std)),
         el("td", {}, fmt(q.min)), el("td", {}, fmt(q.max)), el("td", {}, q.errors || ""),
         el("td", {}, link("step", { project: p.project, model: p.model, step: q.step }, "groups"), " ",
-          link("trajectories", { project: p.project, model: p.model, min_step: q.step, max_step: q.step }, "trajectories")))));
+          link("trajectories", { project: p.project, model: p.model, ...run, min_step: q.step, max_step: q.step }, "trajectories")))));
     main.replaceChildren(el("h1", {}, `${p.model} — reward over steps`),
+      data.runs.length ? el("label", { class: "filters" }, "run ", runs) : null,
       el("div", { class: "charts" }, curve, metric("loss", "loss"), metric("clip_fraction", "clip fraction"), metric("kl", "KL"),
         metric("tokens_trained", "tokens trained"), metric("seconds", "seconds per step")),
       el("h2", {}, "Steps"), table);
@@ -116,7 +124,7 @@ async function model(p) {
 async function step(p) {
   setCrumbs(p);
   const offset = Number(p.offset || 0);
-  const data = await api("groups", { project: p.project, model: p.model, step: p.step, offset });
+  const data = await api("groups", { project: p.project, model: p.model, step: p.step, offset, ...inRun(p) });
   const rows = data.groups.map(g => el("tr", { class: "group" + (g.no_signal ? " nosignal" : "") },
     el("td", {}, el("code", {}, JSON.stringify(g.scenario).slice(0, 120)), g.no_signal ? el("span", { class: "flag nosignal" }, "no signal") : null),
     el("td", {}, fmt(g.reward_mean), " ± ", fmt(g.reward_std)),
@@ -124,7 +132,7 @@ async function step(p) {
       Object.keys(t.rewards).length ? el("span", { class: "muted" }, " (" + Object.entries(t.rewards).map(([k, v]) => `${k} ${fmt(v, 2)}`).join(", ") + ")") : null,
       t.error_type ? el("span", { class: "flag error", title: t.error_message || "" }, t.error_type) : null,
       t.incomplete ? el("span", { class: "flag incomplete" }, "incomplete") : null))),
-    el("td", {}, link("compare", { project: p.project, model: p.model, scenario: JSON.stringify(g.arguments), a: 0, b: p.step }, "compare with step 0"))));
+    el("td", {}, link("compare", { project: p.project, model: p.model, ...inRun(p), scenario: JSON.stringify(g.arguments), a: 0, b: p.step }, "compare with step 0"))));
   main.replaceChildren(el("h1", {}, `Step ${p.step}: ${data.total} groups`),
     el("table", { id: "groups" }, el("tr", {}, ...["scenario", "reward", "trajectories (reward, parts, flags)", ""].map(h => el("th", {}, h))), rows),
     pager(data, "step", p));
@@ -138,7 +146,7 @@ function pager(data, view, p) {
 
 // -- trajectories: filters and a page ------------------------------------------------------
 async function trajectories(p) {
-  setCrumbs({ project: p.project, model: p.model });
+  setCrumbs({ project: p.project, model: p.model, ...inRun(p) });
   const data = await api("trajectories", p);
   const field = (name, label) => el("label", {}, label, el("input", { name, value: p[name] || "" }));
   const form = el("form", { class: "filters", id: "filters", onsubmit: e => {
@@ -146,16 +154,16 @@ async function trajectories(p) {
     const f = Object.fromEntries(new FormData(e.target).entries());
     if (!f.errors) delete f.errors;
     location.hash = "#/trajectories?" + new URLSearchParams(Object.entries(f).filter(([, v]) => v !== ""));
-  } }, field("project", "project"), field("model", "model"), field("rollout", "rollout"), field("min_step", "step from"),
+  } }, field("project", "project"), field("model", "model"), field("run", "run"), field("rollout", "rollout"), field("min_step", "step from"),
     field("max_step", "step to"), field("min_reward", "reward from"), field("max_reward", "reward to"),
     el("label", {}, "errors only", el("input", { type: "checkbox", name: "errors", value: "true", ...(p.errors ? { checked: "" } : {}) })),
     el("button", { type: "submit" }, "filter"));
   const rows = data.rows.map(t => el("tr", { class: "traj" }, el("td", {}, link("trajectory", { id: t.id }, t.id.slice(0, 10))),
-    el("td", {}, t.rollout), el("td", {}, t.model || "–"), el("td", {}, t.step ?? "–"), el("td", {}, fmt(t.reward)),
+    el("td", {}, t.rollout), el("td", {}, t.model || "–"), el("td", {}, t.run || "–"), el("td", {}, t.step ?? "–"), el("td", {}, fmt(t.reward)),
     el("td", {}, t.n_calls), el("td", {}, t.error_type ? el("span", { class: "flag error", title: t.error_message || "" }, t.error_type) : ""),
     el("td", {}, new Date(t.started_at * 1000).toLocaleString())));
   main.replaceChildren(el("h1", {}, `Trajectories (${data.total})`), form,
-    el("table", { id: "trajectories" }, el("tr", {}, ...["id", "rollout", "model", "step", "reward", "calls", "", "started"].map(h => el("th", {}, h))), rows),
+    el("table", { id: "trajectories" }, el("tr", {}, ...["id", "rollout", "model", "run", "step", "reward", "calls", "", "started"].map(h => el("th", {}, h))), rows),
     pager(data, "trajectories", p));
 }
 
@@ -224,7 +232,7 @@ function chat(t) {
 
 async function trajectory(p) {
   const t = await api("trajectories/" + encodeURIComponent(p.id));
-  setCrumbs({ project: t.project, model: t.model, ...(t.step !== null && t.model ? { step: t.step } : {}) });
+  setCrumbs({ project: t.project, model: t.model, ...(t.run ? { run: t.run } : {}), ...(t.step !== null && t.model ? { step: t.step } : {}) });
   main.replaceChildren(el("h1", {}, `Trajectory ${t.id.slice(0, 10)} — ${t.rollout}`),
     el("div", { class: "card" }, `reward ${fmt(t.reward)}`,
       Object.keys(t.rewards).length ? ` (${Object.entries(t.rewards).map(([k, v]) => `${k} ${fmt(v, 2)}`).join(", ")})` : "",
@@ -237,7 +245,7 @@ async function trajectory(p) {
 
 // -- one scenario at two steps ------------------------------------------------------------
 async function compare(p) {
-  setCrumbs({ project: p.project, model: p.model });
+  setCrumbs({ project: p.project, model: p.model, ...inRun(p) });
   const data = await api("compare", p);
   const column = (side, stepN) => el("div", { class: "column", "data-side": side }, el("h2", {}, `step ${stepN} (${data[side].length})`),
     data[side].length ? data[side].map(t => el("div", { class: "card" }, link("trajectory", { id: t.id }, t.id.slice(0, 10)), ` reward ${fmt(t.reward)}`, chat(t)))

@@ -1,6 +1,19 @@
-"""A scripted OpenAI-compatible chat server on 127.0.0.1, for tests and benchmarks.
+"""``MockServer``: a stand-in for a model server, OpenAI-compatible, on 127.0.0.1 -- for the docs'
+examples, tests and benchmarks, and for trying artsdk with no model and no key. Chat completions
+and the Responses API, plain and streamed, with tool calls; it needs fastapi and uvicorn (the
+``local`` or ``view`` extra).
 
-It answers like an artsdk backend does: every choice carries ``token_ids`` and per-token
+```python
+from artsdk.mock_server import MockServer
+from openai import OpenAI
+
+server = MockServer().start()                      # a free port on 127.0.0.1
+client = OpenAI(base_url=server.base_url, api_key="unused")
+client.chat.completions.create(model="any", messages=[{"role": "user", "content": "hi"}])  # "echo: hi"
+server.stop()
+```
+
+From a shell: ``artsdk mock-server [--port 8765]``. It answers like an artsdk backend does: every choice carries ``token_ids`` and per-token
 logprobs, the response names the model as ``name@step``, and it streams (SSE) and makes
 tool calls. What it answers is decided by the last user message:
 
@@ -215,7 +228,7 @@ async def _stream(body: dict[str, Any], model: str, n: int, answer: Any, tokens_
     yield "data: [DONE]\n\n"
 
 
-class ScriptedServer:
+class MockServer:
     """Runs the app with uvicorn in a background thread on a free 127.0.0.1 port."""
 
     def __init__(self, step: int = 0) -> None:
@@ -237,12 +250,19 @@ class ScriptedServer:
     def set_step(self, step: int) -> None:
         self.app.state.step = step
 
-    def __enter__(self) -> "ScriptedServer":
+    def start(self) -> "MockServer":
+        """Serve in a background thread; returns itself once it answers."""
+        return self.__enter__()
+
+    def stop(self) -> None:
+        self.__exit__()
+
+    def __enter__(self) -> "MockServer":
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started:
             if time.monotonic() > deadline:
-                raise RuntimeError("scripted server did not start")
+                raise RuntimeError("the mock server did not start")
             time.sleep(0.01)
         return self
 
@@ -252,8 +272,14 @@ class ScriptedServer:
         self._sock.close()
 
 
-if __name__ == "__main__":  # python -m tests.scripted_server PORT  (used by the benchmarks)
+def serve(port: int = 8765, host: str = "127.0.0.1") -> None:
+    """Run it in the foreground until interrupted (``artsdk mock-server``)."""
+    print(f"artsdk mock-server: http://{host}:{port}/v1 (an OpenAI-compatible stand-in: it echoes, and calls the "
+          f"first tool when asked \"tool please\")", flush=True)
+    uvicorn.run(make_app(), host=host, port=port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":  # python -m artsdk.mock_server PORT  (used by the benchmarks)
     import sys
 
-    port = int(sys.argv[1]) if len(sys.argv) > 1 else 8765
-    uvicorn.run(make_app(), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    serve(int(sys.argv[1]) if len(sys.argv) > 1 else 8765)
