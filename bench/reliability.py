@@ -33,7 +33,7 @@ from openai import AsyncOpenAI
 import artsdk as art
 from artsdk.testing import trajectory
 from bench.common import save_result
-from tests.scripted_server import ScriptedServer
+from artsdk.mock_server import MockServer
 from tests.serve_process import KEY, Serve, free_port
 
 POISONS = [{"temperature": float("nan")}, {"top_p": -1}, {"seed": 2**64}, {"max_tokens": 0},
@@ -80,7 +80,7 @@ def auth(serve: Serve) -> dict:
     return {"requests": tried, "not_refused": bypassed}
 
 
-async def faults(server: ScriptedServer, rollouts: int, store: art.Store) -> dict:
+async def faults(server: MockServer, rollouts: int, store: art.Store) -> dict:
     client = AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0)
     made = Counter()
 
@@ -193,7 +193,7 @@ def main() -> None:
         finally:
             serve.stop()
         print("auth", out["auth"], flush=True)
-        with ScriptedServer() as server:
+        with MockServer() as server:
             out["faults"] = asyncio.run(faults(server, a.rollouts, art.default_store()))
         print("faults", out["faults"], flush=True)
         (root / "crash").mkdir()
