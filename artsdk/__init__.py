@@ -44,6 +44,7 @@ from .errors import (
     TrajectoryError,
 )
 from .gather import gather
+from .judge import Judge
 from .rewards import Reward, reward
 from .rollout import Args, Rollout, rollout
 from .store import Store, default_store
@@ -54,7 +55,7 @@ _capture.install()
 
 __all__ = [
     "__version__", "Args", "ArtError", "Backend", "BackendError", "CaptureError", "Choice", "ConfigError",
-    "Endpoint", "ErrorInfo", "Group", "LLMCall", "Message", "ModelLoadError", "ReplayError", "Reward",
+    "Endpoint", "ErrorInfo", "Group", "Judge", "LLMCall", "Message", "ModelLoadError", "ReplayError", "Reward",
     "RewardError", "Rollout", "RolloutError", "Session", "Settings", "Store", "StoreError",
     "TrainResult", "TrainableModel", "TrainingError", "Trajectory", "TrajectoryError", "available_backends",
     "check_messages", "configure", "current_session", "default_store", "gather",

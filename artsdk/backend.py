@@ -28,8 +28,9 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
 from .capture.context import Route, routes
+from .conversations import Examples
 from .errors import BackendError, RolloutError
-from .trajectory import Group
+from .trajectory import Group, Trajectory
 
 log = logging.getLogger("artsdk")
 ENTRY_POINT_GROUP = "artsdk.backends"
@@ -113,6 +114,11 @@ class Backend(Protocol):
 
     async def train(self, model: TrainableModel, groups: Sequence[Group], **config: Any) -> TrainResult:
         """Run one training step on these groups; the next calls are served by the result."""
+        ...
+
+    async def train_sft(self, model: TrainableModel, trajectories: Sequence[Trajectory], **config: Any) -> TrainResult:
+        """One supervised step on these trajectories' answers (numbered, checkpointed and served
+        like a training step)."""
         ...
 
     async def step(self, model: TrainableModel) -> int:
@@ -221,6 +227,34 @@ class Session:
         self.step = result.step
         with anyio.CancelScope(shield=True):  # once the backend has the step, the store gets it too
             await anyio.to_thread.run_sync(lambda: default_store().record_step(  # a commit: off the event loop
+                self.model.project, self.model.name, result.step, result.metrics, result.checkpoint, self.run_id))
+        for tracker in self.trackers:
+            await anyio.to_thread.run_sync(tracker.log, self.model, result.step, result.metrics)
+        return result
+
+    async def train_sft(self, data: Examples, **config: Any) -> TrainResult:
+        """A supervised warm-up: train on good conversations' assistant answers -- stored
+        trajectories (the best-scored of a store, a stronger model's runs through the same
+        agent code), groups, conversation dicts, or a JSONL file of them (``{"messages": [...],
+        "tools": [...]}``). Numbered, checkpointed and served like a GRPO step: the next calls
+        are answered by the result. Settings: ``learning_rate`` (2e-4), ``epochs`` (3),
+        ``batch_size`` (8 examples per optimizer step), ``max_grad_norm``, ``weight_decay``."""
+        from .conversations import as_trajectories
+        from .store import default_store
+
+        examples = as_trajectories(data)
+        if not examples:
+            raise RolloutError("train_sft() got no examples: give trajectories, groups, conversations or a JSONL file")
+        try:
+            result = await self.backend.train_sft(self.model, examples, **config)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await self._catch_up()
+            raise
+        self.history.append(result)
+        self.step = result.step
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(lambda: default_store().record_step(
                 self.model.project, self.model.name, result.step, result.metrics, result.checkpoint, self.run_id))
         for tracker in self.trackers:
             await anyio.to_thread.run_sync(tracker.log, self.model, result.step, result.metrics)

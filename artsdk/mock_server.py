@@ -37,7 +37,7 @@ import json
 import socket
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -54,13 +54,17 @@ def _last_user(messages: list[dict[str, Any]]) -> str:
     return ""
 
 
-def make_app(step: int = 0) -> FastAPI:
+def make_app(step: int = 0, script: Optional[Callable[[list[dict[str, Any]]], Optional[str]]] = None) -> FastAPI:
+    """The app; ``script(messages)``, when given, answers first (None: the rules below answer)."""
     app = FastAPI()
     app.state.step = step
     app.state.requests = []
 
     def answer(body: dict[str, Any], i: int) -> tuple[Optional[str], Optional[list[dict]]]:
         messages = body.get("messages") or []
+        scripted = script(messages) if script is not None else None
+        if scripted is not None:
+            return scripted, None
         if messages and messages[-1].get("role") == "tool":  # an agent loop goes on after its tool ran
             result = messages[-1].get("content")
             return f"done: {result if isinstance(result, str) else json.dumps(result)}", None
@@ -231,8 +235,8 @@ async def _stream(body: dict[str, Any], model: str, n: int, answer: Any, tokens_
 class MockServer:
     """Runs the app with uvicorn in a background thread on a free 127.0.0.1 port."""
 
-    def __init__(self, step: int = 0) -> None:
-        self.app = make_app(step)
+    def __init__(self, step: int = 0, script: Optional[Callable[[list[dict[str, Any]]], Optional[str]]] = None) -> None:
+        self.app = make_app(step, script)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))

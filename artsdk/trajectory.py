@@ -201,12 +201,19 @@ class Trajectory(BaseModel):
         return self.error is None
 
     @property
+    def agent_calls(self) -> list[LLMCall]:
+        """The calls the agent made: every call but a judge's (``params["judge"]``, added by
+        ``art.Judge`` when it scored the trajectory)."""
+        return [c for c in self.calls if not c.params.get("judge")]
+
+    @property
     def messages(self) -> list[Message]:
         """The conversation as the agent last saw it: the last call's request messages
         followed by that call's first answer. Empty when no call was made."""
-        if not self.calls:
+        calls = self.agent_calls
+        if not calls:
             return []
-        last = self.calls[-1]
+        last = calls[-1]
         convo = last.messages
         if last.params.get("previous_response_id"):  # a Responses call continuing an earlier one
             from .response_items import whole_conversation
@@ -220,14 +227,14 @@ class Trajectory(BaseModel):
     @property
     def last_message(self) -> Optional[Message]:
         """The last assistant message the model produced, or None."""
-        for call in reversed(self.calls):
+        for call in reversed(self.agent_calls):
             if call.message is not None:
                 return call.message
         return None
 
     def choices(self) -> Iterator[tuple[LLMCall, Choice]]:
         """Every (call, choice) pair in call order."""
-        for call in self.calls:
+        for call in self.agent_calls:
             for choice in call.choices:
                 yield call, choice
 

@@ -28,7 +28,7 @@ import anyio
 
 from artsdk.backend import Endpoint, TrainableModel, TrainResult, nothing_to_train
 from artsdk.errors import ArtError, BackendError
-from artsdk.trajectory import Group
+from artsdk.trajectory import Group, Trajectory
 
 from .served import ServedModel
 from .trainer import TrainConfig
@@ -161,6 +161,18 @@ class LocalBackend:
                            reason=None if path is not None else nothing_to_train(groups, metrics),
                            groups_trained=int(metrics.get("groups_trained", 0)),
                            groups_skipped=int(metrics.get("groups_skipped", 0)))
+
+    async def train_sft(self, model: TrainableModel, trajectories: Sequence[Trajectory], **config: Any) -> TrainResult:
+        served = self.models.get(model.name)
+        if served is None:
+            raise BackendError(f"model {model.name!r} is not registered with this backend; open a session first")
+        try:
+            step, metrics, path = await _interruptible(served.train_sft, list(trajectories), config)
+        except ArtError:
+            raise
+        except ValueError as e:  # a bad setting
+            raise BackendError(f"SFT of {model.name!r}: {e}") from None
+        return TrainResult(step=step, metrics=metrics, checkpoint=path)
 
     async def step(self, model: TrainableModel) -> int:
         served = self.models.get(model.name)

@@ -151,8 +151,8 @@ def segments(traj: Trajectory, advantage: float, tk: Tokenizing) -> Tokens:
     out = Tokens(segments=[])
     cur: Optional[Segment] = None
     for n, call in enumerate(traj.calls):
-        if not call.choices or call.error:
-            continue
+        if not call.choices or call.error or call.params.get("judge"):
+            continue  # a judge's call scored the trajectory: not part of it, never trained
         if not is_policy_call(call, tk.policy):
             out.other_calls += 1  # its answer reaches training only as context of a later call's prompt
             continue

@@ -27,6 +27,7 @@ from .chat import ChatFormat, message_text
 from .checkpoints import Checkpoints
 from .engine import Completion, Request
 from .batch import Tokenizing
+from .sft import SFTConfig, sft_step
 from .trainer import TrainConfig, train_step
 
 log = logging.getLogger("artsdk.local")
@@ -182,13 +183,30 @@ class ServedModel:
                                      device=self.device, reference=self.model.disable_adapter, stop=stop)
             if not metrics["tokens_trained"]:
                 return self.step, metrics, None
-            step = self.step + 1
-            # written before the step is served: a crash never leaves a served step without its checkpoint
-            path = self.checkpoints.save(step, self.model, self.optimizer,
-                                         {"metrics": metrics, "model": self.spec.model_dump()})
-            self._publish(step, path)
-            self._advance(step)
-            self.checkpoints.prune(self.keep_checkpoints, self.best_metric)
+            return self._commit_step(metrics)
+
+    def train_sft(self, trajectories: list[Any], overrides: dict[str, Any],
+                  stop: Optional[threading.Event] = None) -> tuple[int, dict[str, float], str]:
+        """A supervised step on good conversations (sft.py): (new step, metrics, checkpoint),
+        numbered, checkpointed and served like a GRPO step."""
+        cfg = SFTConfig.build(overrides, seed=self.train_config.seed)
+        for g in self.optimizer.param_groups:
+            g["lr"], g["weight_decay"] = cfg.learning_rate, cfg.weight_decay
+        with self._train_lock:
+            with self.engine.training():
+                self.model.set_adapter("policy")
+                metrics = sft_step(self.model, self.optimizer, trajectories, cfg, self.tokenizing(),
+                                   device=self.device, stop=stop)
+            return self._commit_step(metrics)
+
+    def _commit_step(self, metrics: dict[str, float]) -> tuple[int, dict[str, float], str]:
+        step = self.step + 1
+        # written before the step is served: a crash never leaves a served step without its checkpoint
+        path = self.checkpoints.save(step, self.model, self.optimizer,
+                                     {"metrics": metrics, "model": self.spec.model_dump()})
+        self._publish(step, path)
+        self._advance(step)
+        self.checkpoints.prune(self.keep_checkpoints, self.best_metric)
         return step, metrics, str(path)
 
     def tokenizing(self) -> Tokenizing:

@@ -27,7 +27,7 @@ import httpx
 
 from artsdk.backend import Endpoint, TrainableModel, TrainResult
 from artsdk.errors import BackendError
-from artsdk.trajectory import Group
+from artsdk.trajectory import Group, Trajectory
 
 log = logging.getLogger("artsdk.remote")
 _RETRYABLE = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError,
@@ -94,13 +94,21 @@ class RemoteBackend:
         return int(r.json()["step"])
 
     async def train(self, model: TrainableModel, groups: Sequence[Group], **config: Any) -> TrainResult:
+        return await self._step(model, "train", {"groups": [json.loads(g.model_dump_json(fallback=repr))
+                                                            for g in groups]}, config)
+
+    async def train_sft(self, model: TrainableModel, trajectories: Sequence[Trajectory], **config: Any) -> TrainResult:
+        return await self._step(model, "sft", {"trajectories": [json.loads(t.model_dump_json(fallback=repr))
+                                                                for t in trajectories]}, config)
+
+    async def _step(self, model: TrainableModel, route: str, data: dict[str, Any],
+                    config: dict[str, Any]) -> TrainResult:
         request_id = uuid.uuid4().hex
-        body = json.dumps({"request_id": request_id, "config": config,
-                           "groups": [json.loads(g.model_dump_json(fallback=repr)) for g in groups]})
+        body = json.dumps({"request_id": request_id, "config": config, **data})
         delay = self.backoff
         for attempt in range(self.retries + 1):
             try:
-                return await self._submit(model, body, request_id)
+                return await self._submit(model, body, request_id, route)
             except _RETRYABLE as e:
                 # the same request id: if the step already ran, the server answers with it
                 if attempt == self.retries:
@@ -113,8 +121,8 @@ class RemoteBackend:
                 delay = min(delay * 2, 10)
         raise AssertionError("unreachable")
 
-    async def _submit(self, model: TrainableModel, body: str, request_id: str) -> TrainResult:
-        async with self._http.stream("POST", f"/v1/art/models/{model.name}/train", content=body,
+    async def _submit(self, model: TrainableModel, body: str, request_id: str, route: str = "train") -> TrainResult:
+        async with self._http.stream("POST", f"/v1/art/models/{model.name}/{route}", content=body,
                                      headers={"content-type": "application/json"},
                                      timeout=httpx.Timeout(self.train_timeout, connect=10)) as r:
             if r.status_code >= 400:

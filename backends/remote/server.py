@@ -8,6 +8,7 @@ API (v1; the OpenAPI spec is at ``/openapi.json``, docs at ``/docs``):
     GET    /v1/art/models/{name}                    its newest step
     DELETE /v1/art/models/{name}                    stop serving it (checkpoints stay on disk)
     POST   /v1/art/models/{name}/train              one training step; progress streamed as NDJSON
+    POST   /v1/art/models/{name}/sft                one supervised step on trajectories' answers, as /train
     GET    /v1/art/models/{name}/checkpoints        steps on disk
     GET    /v1/art/models/{name}/checkpoints/{step} the checkpoint as a .tar.gz
     DELETE /v1/art/models/{name}/checkpoints/{step}
@@ -39,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from artsdk._version import __version__
 from artsdk.backend import TrainableModel
 from artsdk.errors import ArtError, ModelLoadError
-from artsdk.trajectory import Group
+from artsdk.trajectory import Group, Trajectory
 
 from ..http import GuardedH11, error, guard
 
@@ -74,6 +75,14 @@ class TrainRequest(BaseModel):
 
     request_id: str = Field(pattern=r"^[A-Za-z0-9_-]{8,64}$")
     groups: list[Group] = Field(min_length=1)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class SFTRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str = Field(pattern=r"^[A-Za-z0-9_-]{8,64}$")
+    trajectories: list[Trajectory] = Field(min_length=1)
     config: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -186,15 +195,23 @@ def build_app(backend: Any, backend_name: str, home: Path, api_key: Optional[str
     @app.post("/v1/art/models/{name}/train")
     async def train(name: str, body: TrainRequest) -> StreamingResponse:
         spec = await model_for(name)
+        return _start(spec, body.request_id, lambda: backend.train(spec, body.groups, **body.config))
+
+    @app.post("/v1/art/models/{name}/sft")
+    async def train_sft(name: str, body: SFTRequest) -> StreamingResponse:
+        """A supervised step on the trajectories' answers, submitted and streamed as a training step."""
+        spec = await model_for(name)
+        return _start(spec, body.request_id, lambda: backend.train_sft(spec, body.trajectories, **body.config))
+
+    def _start(spec: TrainableModel, rid: str, work: Any) -> StreamingResponse:
         # the step starts here, before any byte is streamed: a client that hangs up at once
         # (a dropped connection) still gets it done, and its retry gets the result
-        rid = body.request_id
         previous = trainings.done(rid)
         retried = previous is not None or rid in trainings.running
         if not retried:
             future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
             trainings.running[rid] = future
-            task = asyncio.create_task(_train(spec, body))
+            task = asyncio.create_task(_train(spec, rid, work))
 
             def settled(t: "asyncio.Task[dict[str, Any]]") -> None:
                 _settle(future, t)
@@ -225,13 +242,13 @@ def build_app(backend: Any, backend_name: str, home: Path, api_key: Optional[str
         except Exception as e:  # noqa: BLE001 - the stream is open: report in-band
             yield json.dumps({"event": "error", "message": str(e), "type": type(e).__name__}) + "\n"
 
-    async def _train(spec: TrainableModel, body: TrainRequest) -> dict[str, Any]:
+    async def _train(spec: TrainableModel, rid: str, work: Any) -> dict[str, Any]:
         # the step goes on even if the client disconnects: its result is kept for a retry
         async with locks.setdefault(spec.name, asyncio.Lock()):
             t0 = time.monotonic()
-            result = await backend.train(spec, body.groups, **body.config)
-            out = {**result.model_dump(), "request_id": body.request_id, "seconds": time.monotonic() - t0}
-            trainings.finish(body.request_id, out)
+            result = await work()
+            out = {**result.model_dump(), "request_id": rid, "seconds": time.monotonic() - t0}
+            trainings.finish(rid, out)
             return out
 
     @app.get("/v1/art/models/{name}/checkpoints")
