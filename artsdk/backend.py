@@ -237,8 +237,8 @@ class Session:
         trajectories (the best-scored of a store, a stronger model's runs through the same
         agent code), groups, conversation dicts, or a JSONL file of them (``{"messages": [...],
         "tools": [...]}``). Numbered, checkpointed and served like a GRPO step: the next calls
-        are answered by the result. Settings: ``learning_rate`` (2e-4), ``epochs`` (3),
-        ``batch_size`` (8 examples per optimizer step), ``max_grad_norm``, ``weight_decay``."""
+        are answered by the result. Settings: ``learning_rate`` (2e-4), ``epochs`` (5),
+        ``batch_size`` (2 examples per optimizer step), ``max_grad_norm``, ``weight_decay``."""
         from .conversations import as_trajectories
         from .store import default_store
 

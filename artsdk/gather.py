@@ -221,6 +221,11 @@ def _report(name: str, groups: list[Group]) -> None:
         log.warning("%s: %d of %d rollouts made LLM calls that escaped capture (see their warnings): their "
                     "trajectories are partial. Set strict_capture = true to make that an error.",
                     name, escaped, len(trajs))
+    with_tools = [c for t in trajs for c in t.agent_calls if c.tools and c.choices]
+    cut = sum(1 for c in with_tools if c.choices[0].finish_reason == "length")
+    if cut:  # a tool call cut short is not parsed as one: the agent saw prose, silently
+        log.warning("%s: %d of %d answers offered tools were cut at max_tokens (a tool call cut short is not "
+                    "parsed as a call); raise max_tokens if the answers need the room", name, cut, len(with_tools))
     no_signal = sum(1 for g in groups if g.no_signal)
     errors = sum(g.errors for g in groups)
     if no_signal or errors:

@@ -30,7 +30,11 @@ def reader_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+SLOW = {"your-agent.md": 900}  # trains SmolLM2 for a few steps: minutes, twice
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.timeout(SLOW.get(p.name, 300))) for p in PAGES],
+                         ids=[p.name for p in PAGES])
 def test_doc_examples_run_as_written_twice(page, tmp_path):
     script = tmp_path / f"doc_{page.stem}.py"
     script.write_text("\n\n".join(blocks(page, "python")))
@@ -38,7 +42,8 @@ def test_doc_examples_run_as_written_twice(page, tmp_path):
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(script)] \
         if page.name == "testing.md" else [sys.executable, str(script)]
     for run in (1, 2):
-        out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+        out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=SLOW.get(page.name, 300) // 2)
         assert out.returncode == 0, f"{page.name}, run {run}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
         if page.name in SHELL:
             for line in (x for b in blocks(page, "bash") for x in b.splitlines() if x.strip()):
