@@ -68,7 +68,7 @@ def gradient(served, groups, **cfg):
             served.merger.restore()
         served.model.set_adapter("policy")
         grab = Grab(p for n, p in served.model.named_parameters() if ".policy." in n)
-        metrics = train_step(served.model, grab, groups, TrainConfig(**{"max_grad_norm": 1e9, **cfg}),
+        metrics = train_step(served.model, grab, groups, TrainConfig(**{"max_grad_norm": 1e9, "minibatches": 1, **cfg}),
                              served.tokenizing(), served.device)
     return grab.grad, metrics
 
@@ -166,7 +166,7 @@ async def test_ratio_is_one_and_the_sampler_gap_is_corrected(tmp_path, loss):
     """Recorded logprobs far from the trainer's (-6 for every token) used to be the ratio's
     denominator: most tokens were clipped before any update. Now the ratio is the trainer's own
     (exactly 1), the gap is a truncated importance weight, and it is reported."""
-    be, model, served = await tiny(tmp_path, "o", loss=loss)
+    be, model, served = await tiny(tmp_path, "o", loss=loss, minibatches=1)  # the first update: ratio 1
     groups = [art.Group(trajectories=[traj(served, [[10, 11, 12, 13]], r, logprobs=[-6.0] * 4)
                                       for r in (1.0, 0.0, 0.3)])]
     m = (await be.train(model, groups)).metrics

@@ -61,7 +61,7 @@ class TrainConfig:
 
     learning_rate: float = 3e-4
     loss: str = "cispo"
-    minibatches: int = 1  # optimizer steps per pass over the batch (trajectories split evenly)
+    minibatches: int = 2  # optimizer steps per pass over the batch (trajectories split evenly; bench.learning)
     epochs: int = 1  # passes over the batch
     scale_rewards: bool = True  # divide advantages by the group's std (not for dr_grpo)
     epsilon: Optional[float] = None
