@@ -108,9 +108,9 @@ bench: setup
 	$(PY) -m bench.inference
 	$(PY) -m bench.vs_trl
 	$(PY) -m bench.remote_overhead
-	$(PY) -m bench.reward_curve
 	$(PY) -m bench.memory
 	$(PY) -m bench.learning
+	for e in reviews tic_tac_toe game_2048 temporal_clue email_agent; do $(PY) -m bench.examples $$e || exit 1; done
 	$(PY) -m bench.reliability
 	$(PY) -m bench.viewer
 	$(PY) -m bench.report

@@ -37,12 +37,14 @@ import json
 import socket
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+# a scripted answer to the messages: the text, a message dict, or None for the usual rules
+Script = Callable[[list[dict[str, Any]]], Optional[Union[str, dict[str, Any]]]]
 
 def _last_user(messages: list[dict[str, Any]]) -> str:
     for m in reversed(messages):
@@ -54,8 +56,9 @@ def _last_user(messages: list[dict[str, Any]]) -> str:
     return ""
 
 
-def make_app(step: int = 0, script: Optional[Callable[[list[dict[str, Any]]], Optional[str]]] = None) -> FastAPI:
-    """The app; ``script(messages)``, when given, answers first (None: the rules below answer)."""
+def make_app(step: int = 0, script: Optional[Script] = None) -> FastAPI:
+    """The app; ``script(messages)``, when given, answers first: the text, or a message dict
+    (``content``, ``tool_calls``); None lets the rules below answer."""
     app = FastAPI()
     app.state.step = step
     app.state.requests = []
@@ -63,6 +66,8 @@ def make_app(step: int = 0, script: Optional[Callable[[list[dict[str, Any]]], Op
     def answer(body: dict[str, Any], i: int) -> tuple[Optional[str], Optional[list[dict]]]:
         messages = body.get("messages") or []
         scripted = script(messages) if script is not None else None
+        if isinstance(scripted, dict):  # a whole message: tool calls too
+            return scripted.get("content"), scripted.get("tool_calls")
         if scripted is not None:
             return scripted, None
         if messages and messages[-1].get("role") == "tool":  # an agent loop goes on after its tool ran
@@ -235,7 +240,7 @@ async def _stream(body: dict[str, Any], model: str, n: int, answer: Any, tokens_
 class MockServer:
     """Runs the app with uvicorn in a background thread on a free 127.0.0.1 port."""
 
-    def __init__(self, step: int = 0, script: Optional[Callable[[list[dict[str, Any]]], Optional[str]]] = None) -> None:
+    def __init__(self, step: int = 0, script: Optional[Script] = None) -> None:
         self.app = make_app(step, script)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

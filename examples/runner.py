@@ -14,10 +14,13 @@ import logging
 import sys
 import time
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import artsdk as art
+
+HELD_OUT = 10_000  # the seed of the held-out scenarios (training seeds stay below it)
 
 
 def load_config(path: Path, argv: Sequence[str] | None) -> dict[str, Any]:
@@ -49,7 +52,8 @@ async def evaluate(rollout: art.Rollout, scenarios: list[Any], rewards: list[Any
     held-out scenarios. A rollout that takes a ``temperature`` answers greedily here, so before
     and after compare the model's best answers, not samples."""
     if "temperature" in rollout.signature.parameters:
-        scenarios = [art.Args(s, temperature=0.0) for s in scenarios]
+        scenarios = [art.Args(*s.args, **{**s.kwargs, "temperature": 0.0}) if isinstance(s, art.Args)
+                     else art.Args(s, temperature=0.0) for s in scenarios]
     groups = await art.gather(rollout, scenarios, group_size=1, rewards=rewards)
     trajs = [t for g in groups for t in g]
     scored = [t.reward for t in trajs if t.reward is not None]
@@ -68,7 +72,8 @@ def show(label: str, trajs: list[art.Trajectory], n: int = 3) -> None:
 
 async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
                 make_scenarios: Callable[[int, int, dict[str, Any]], list[Any]],
-                success: Callable[[art.Trajectory], bool] | None = None) -> dict[str, Any]:
+                success: Callable[[art.Trajectory], bool] | None = None,
+                warmup: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None) -> dict[str, Any]:
     art.configure(project=cfg["project"])
     train_settings = {k: cfg[k] for k in ("learning_rate", "loss", "seed", "minibatches", "epochs") if k in cfg}
     model = art.TrainableModel(cfg["model"], base_model=cfg["base_model"], project=cfg["project"],
@@ -83,7 +88,7 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
                   f"(run with --resume to continue from them instead)", flush=True)
         print(f"run {run.run_id}" + (f", resumed at step {run.step}" if run.resumed else ", from the base model"),
               flush=True)
-        held_out = make_scenarios(cfg.get("eval_games", 16), 10_000, cfg)
+        held_out = make_scenarios(cfg.get("eval_games", 16), HELD_OUT, cfg)
         if run.resumed and "eval_before" in run.meta:  # evaluated when the run began
             before, rate_before = run.meta["eval_before"], run.meta.get("solved_before")
             print(f"eval before (when the run began): mean reward {before:.3f} over {len(held_out)} {noun}"
@@ -95,9 +100,23 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
                   + (f", solved {rate_before:.0%}" if rate_before is not None else ""), flush=True)
             show("before", trajs)
             await run.remember(eval_before=before, solved_before=rate_before)
-        history = []
+        history, evals = [], []
+        if warmup is not None and cfg.get("warmup", 1) and not run.step:  # a supervised warm-up first
+            examples = warmup(cfg)
+            print(f"warm-up: supervised on {len(examples)} good conversations...", flush=True)
+            sft = await run.train_sft(examples, **cfg.get("sft", {}))
+            history.append({"step": sft.step, "sft": True, **sft.metrics})
+            print(f"step {sft.step} (warm-up): loss {sft.metrics['loss_first_epoch']:.3f} -> {sft.metrics['loss']:.3f} "
+                  f"over {int(sft.metrics['examples'])} conversations, {sft.metrics['seconds']:.1f}s", flush=True)
+            mean, rate, trajs = await evaluate(rollout, held_out, rewards, success)
+            evals.append({"step": sft.step, "reward": mean, "solved": rate, "warmup": True})
+            print(f"eval after the warm-up: mean reward {mean:.3f}" + (f", solved {rate:.0%}" if rate is not None else ""),
+                  flush=True)
+            show("warmed up", trajs)
+            await run.remember(warmup_steps=1, eval_warmup=mean, solved_warmup=rate)
         start = run.step
-        for i in range(max(cfg["steps"] - start, 0)):  # --resume finishes the run's steps, no more
+        target = cfg["steps"] + run.meta.get("warmup_steps", 0)  # GRPO steps, after any warm-up
+        for i in range(max(target - start, 0)):  # --resume finishes the run's steps, no more
             seed = start + i + 1000 * cfg.get("seed", 0)
             print(f"step {run.step + 1}: gathering {cfg['scenarios_per_step']} x {cfg['group_size']} rollouts...",
                   flush=True)
@@ -113,16 +132,25 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
                   f"tokens {int(m.get('tokens_trained', 0))}  {m.get('seconds', 0):.1f}s"
                   + ("" if result.trained else f"  (nothing to learn from: no weight moved, the model stays at step "
                                                f"{result.step})"), flush=True)
+            every = cfg.get("eval_every", 0)
+            if every and (i + 1) % every == 0 and i + 1 < target - start:  # the held-out curve, on the way
+                mean, rate, _ = await evaluate(rollout, held_out, rewards, success)
+                evals.append({"step": run.step, "reward": mean, "solved": rate})
+                print(f"eval at step {run.step}: mean reward {mean:.3f}" + (f", solved {rate:.0%}" if rate is not None
+                                                                           else ""), flush=True)
         after, rate_after, trajs = await evaluate(rollout, held_out, rewards, success)
         print(f"eval after {len(history)} steps (the model at step {run.step}): mean reward {after:.3f} over "
               f"{len(held_out)} {noun}"
               + (f", solved {rate_after:.0%}" if rate_after is not None else "")
               + f" (before {before:.3f}); {time.monotonic() - t0:.0f}s in all", flush=True)
         show("after", trajs)
-        final_step, run_id = run.step, run.run_id
+        final_step, run_id, meta = run.step, run.run_id, dict(run.meta)
     where_next(model, final_step)
-    return {"before": before, "after": after, "solved_before": rate_before, "solved_after": rate_after,
-            "eval_scenarios": len(held_out), "history": history, "run": run_id}
+    warm = {"after_warmup": meta["eval_warmup"], "solved_after_warmup": meta.get("solved_warmup")} \
+        if "eval_warmup" in meta else {}
+    evals.append({"step": final_step, "reward": after, "solved": rate_after})
+    return {"before": before, "after": after, "solved_before": rate_before, "solved_after": rate_after, **warm,
+            "eval_scenarios": len(held_out), "history": history, "evals": evals, "run": run_id}
 
 
 def where_next(model: art.TrainableModel, step: int) -> None:
@@ -144,18 +172,32 @@ def where_next(model: art.TrainableModel, step: int) -> None:
     print("\n".join(lines), flush=True)
 
 
-def main(config_path: Path, rollout: art.Rollout, rewards: list[Any],
-         make_scenarios: Callable[[int, int, dict[str, Any]], list[Any]], argv: Sequence[str] | None = None,
-         rewards_for: Callable[[dict[str, Any]], list[Any]] | None = None,
-         success: Callable[[art.Trajectory], bool] | None = None) -> None:
-    """Run an example from the command line; ``rewards_for(config)`` may pick the rewards
-    from the config (an optional LLM judge, say)."""
+@dataclass
+class Example:
+    """What the runner (and ``bench.examples``) needs of an example: its config, agent, rewards,
+    scenarios, what counts as solved, simple baselines to judge it against, and the
+    conversations of an SFT warm-up when it has one."""
+
+    name: str
+    config: Path
+    rollout: art.Rollout
+    rewards: list[Any]
+    make_scenarios: Callable[[int, int, dict[str, Any]], list[Any]]
+    success: Callable[[art.Trajectory], bool] | None = None
+    # (held-out scenarios, config) -> {baseline name: the outcome its policy reaches on each}
+    baselines: Callable[[list[Any], dict[str, Any]], dict[str, list[Any]]] | None = None
+    rewards_for: Callable[[dict[str, Any]], list[Any]] | None = None  # rewards chosen by the config
+    warmup: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None  # SFT conversations
+
+
+def main(example: Example, argv: Sequence[str] | None = None) -> None:
+    """Run an example from the command line."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    cfg = load_config(config_path, argv if argv is not None else sys.argv[1:])
-    if rewards_for is not None:
-        rewards = rewards_for(cfg)
+    cfg = load_config(example.config, argv if argv is not None else sys.argv[1:])
+    rewards = example.rewards_for(cfg) if example.rewards_for is not None else example.rewards
     try:
-        result = asyncio.run(train(cfg, rollout, rewards, make_scenarios, success))
+        result = asyncio.run(train(cfg, example.rollout, rewards, example.make_scenarios, example.success,
+                                   warmup=example.warmup))
     except KeyboardInterrupt:
         print("\ninterrupted: rollouts in flight were stored as interrupted, and every finished step is "
               "in its checkpoint. Run again with --resume to continue, or without to start fresh.",
@@ -166,7 +208,6 @@ def main(config_path: Path, rollout: art.Rollout, rewards: list[Any],
 
         out = Path(cfg["out"])
         out.parent.mkdir(parents=True, exist_ok=True)
-        command = "python -m " + rollout.fn.__module__.rsplit(".", 1)[0] + ".train " + " ".join(
-            argv if argv is not None else sys.argv[1:])
+        command = f"python -m examples.{example.name}.train " + " ".join(argv if argv is not None else sys.argv[1:])
         out.write_text(json.dumps({**result, "config": {k: v for k, v in cfg.items() if k != "out"},
                                    "command": command.strip()}, indent=2, default=str))

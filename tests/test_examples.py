@@ -136,19 +136,66 @@ def test_email_rewards():
     assert email.tool_use(_email_traj("x", tool_calls=2)) == 0.1 and email.tool_use(_email_traj("x")) == 0.0
 
 
-async def test_email_judge_uses_the_same_client(server, monkeypatch):
+def test_email_baselines_and_split():
+    from examples.email_agent import train as email_train
+    from examples.email_agent.baselines import BASELINES
+
+    held, warm, rl = email_train.split(email.questions())
+    assert not {q.id for q in held} & {q.id for q in warm + rl} and not {q.id for q in warm} & {q.id for q in rl}
+    assert {q.id for q in email_train.make_scenarios(16, 10_000, {})} <= {q.id for q in held}
+    assert {q.id for q in email_train.make_scenarios(16, 3, {})} <= {q.id for q in rl}
+    scripted, idk = BASELINES["search, read the top hit, copy (scripted)"], BASELINES["always \"I don't know\""]
+    right = [email.is_correct(scripted(q)["answer"], q.answer) for q in held]
+    assert sum(right) >= 0.9 * len(held)  # the rule the warm-up teaches finds nearly every answer
+    assert all(idk(q)["answer"] == "I don't know" for q in held[:5])
+
+
+async def test_email_warmup_conversations_are_what_the_agent_sees(monkeypatch):
+    """A model answering as the scripted researcher leaves, in the agent's own calls, exactly
+    the conversation the warm-up trains on: SFT and the rollout agree token for token."""
     from openai import AsyncOpenAI
 
-    # (a client of this test's own: an async client's connections belong to one event loop)
-    judge_client = AsyncOpenAI(base_url=server.base_url, api_key="k")
-    monkeypatch.setattr(email, "client", judge_client)
-    judge = email.judged("judge-model")
-    # the scripted server echoes, so the judge's reply contains "yes" only if the prompt does
-    t = _email_traj("yes indeed, ten dollars")
-    assert await judge.fn(t) == 1.2
-    assert await judge.fn(_email_traj("$10.00")) == 0.0  # the rule already accepts it: no call
-    assert server.requests[-1]["body"]["model"] == "judge-model"
-    await judge_client.close()
+    from artsdk.mock_server import MockServer
+    from examples.email_agent import train as email_train
+    from examples.email_agent.baselines import warmup_conversations
+
+    q = email_train.split(email.questions())[1][0]
+    (conversation,) = warmup_conversations([q])
+    said = [m for m in conversation["messages"] if m["role"] == "assistant"]
+
+    def script(messages):  # the n-th answer of the conversation, for the n-th request
+        return said[sum(m["role"] == "assistant" for m in messages)]
+
+    with MockServer(script=script) as server:
+        client = AsyncOpenAI(base_url=server.base_url, api_key="k")
+        monkeypatch.setattr(email, "client", client)
+        t = await email.research.collect(q)
+        await client.close()
+    assert t.outcome["answer"] == q.answer and t.outcome["sources"] == [q.source] and t.outcome["turns"] == 3
+    assert email.correct(t) == 1.0 and email.progress(t) == pytest.approx(0.2)
+    assert [c.tools for c in t.calls] == [email.TOOLS] * 3 == [conversation["tools"]] * 3
+    assert t.calls[-1].messages == conversation["messages"][:-1]
+
+
+async def test_email_judge_scores_research_relative_to_each_other():
+    from artsdk.mock_server import MockServer
+
+    asked = []
+
+    def script(messages):  # a judge preferring the candidate that answered, and saying why
+        if "candidate" not in str(messages[0].get("content", "")).lower():
+            return None
+        asked.append(messages)
+        return json.dumps({"scores": [{"candidate": 1, "score": 0.1, "reason": "no source"},
+                                      {"candidate": 2, "score": 0.9, "reason": "cited"}]})
+
+    with MockServer(script=script) as judge_server:
+        judge = email.judged("judge-model", base_url=judge_server.base_url)
+        group = [_email_traj("maybe $10", turns=3), _email_traj("$10.00 (email 7)", sources=[7])]
+        group = await art.replay.rescore(group, [*email.REWARDS, judge], groups=False)
+    assert [t.rewards["judge"] for t in group] == [0.1, 0.9] and judge.weight == 0.5
+    assert len(asked) == 1 and any(email.JUDGE_TASK in m["content"] for m in asked[0])
+    assert [c.params.get("judge") for c in group[0].calls][-1] == "judge"  # kept, never trained
 
 
 # -- every example end to end with the tiny model --------------------------------------------
@@ -167,12 +214,7 @@ async def test_example_trains_end_to_end(name, engine, art_store, tmp_path, monk
     agent_module = importlib.import_module(f"examples.{name}.agent")
     client = AsyncOpenAI(base_url="http://127.0.0.1:1/v1", api_key="unused")
     monkeypatch.setattr(agent_module, "client", client)
-    mod = importlib.import_module(f"examples.{name}.train")
-    rollout = next(v for v in vars(importlib.import_module(f"examples.{name}.agent")).values()
-                   if isinstance(v, art.Rollout))
-    rewards = getattr(mod, "REWARDS", None) or getattr(importlib.import_module(f"examples.{name}.agent"),
-                                                      "REWARDS", [ttt.result, ttt.legal_moves])
-    make = getattr(mod, "make_scenarios", None) or (lambda n, seed, cfg: mod.scenarios(n, seed))
+    example = importlib.import_module(f"examples.{name}.train").EXAMPLE
 
     @art.reward(weight=1e-6)
     def first_token(t: art.Trajectory) -> float:
@@ -180,19 +222,25 @@ async def test_example_trains_end_to_end(name, engine, art_store, tmp_path, monk
         # max_tokens): this gives the groups a difference to learn from, so every step trains
         return float(next((c.choices[0].token_ids[0] for c in t.calls if c.choices and c.choices[0].token_ids), 0))
 
-    rewards = [*rewards, first_token]
-    cfg = load_config(mod.CONFIG, ["--steps", "2", "--base-model", "tiny", "--eval-games", "2",
-                                   "--scenarios-per-step", "2", "--group-size", "2"])
+    cfg = load_config(example.config, ["--steps", "2", "--base-model", "tiny", "--eval-games", "2",
+                                       "--scenarios-per-step", "2", "--group-size", "2"])
+    cfg.update(warmup=2, eval_every=1)  # a short warm-up where the example has one; the held-out curve
     art.configure(backend_options={"device": "cpu", "home": str(tmp_path / "home"), "engine": engine})
-    result = await train(cfg, rollout, rewards, make, success=lambda t: True)
-    assert len(result["history"]) == 2 and result["history"][-1]["step"] == 2
+    rewards = [*(example.rewards_for(cfg) if example.rewards_for else example.rewards), first_token]
+    result = await train(cfg, example.rollout, rewards, example.make_scenarios, success=lambda t: True,
+                         warmup=example.warmup)
+    warm = 1 if example.warmup else 0
+    assert [h["step"] for h in result["history"]] == list(range(1, 3 + warm))
+    assert [h.get("sft", False) for h in result["history"]] == [True] * warm + [False] * 2
+    assert [e["step"] for e in result["evals"]] == list(range(1, 3 + warm))  # after the warm-up, step 1, the end
     assert result["eval_scenarios"] == 2 and result["solved_before"] == 1.0
+    assert ("after_warmup" in result) == bool(warm)
     project = cfg["project"]
     trajs = art_store.trajectories(project=project)
-    assert len(trajs) == 2 + 2 * 4 + 2  # eval, two steps of 2x2, eval
+    assert len(trajs) == 2 + 2 * warm + 2 * 4 + 2 + 2  # eval, after warm-up, two steps of 2x2, eval at step 1, eval
     assert all(t.calls and t.reward is not None for t in trajs if t.error is None)
     assert all(c.choices and c.choices[0].trainable for t in trajs for c in t.calls), [c.error for t in trajs for c in t.calls if c.error][:3]
-    assert art_store.steps(project, cfg["model"])[-1]["step"] == 2
+    assert art_store.steps(project, cfg["model"])[-1]["step"] == 2 + warm
     json.dumps([t.outcome for t in trajs])  # outcomes are plain JSON
     await client.close()
 
@@ -281,3 +329,31 @@ async def test_fresh_and_resumed_runs_alike_on_both_backends(backend, art_store,
     assert {r["run"]: r["last_step"] for r in art_store.runs(model="review-agent")} == {first["run"]: 2,
                                                                                         second["run"]: 3}
     assert art_store.count(run=first["run"]) == 2 + 2 * 4 + 2 and art_store.count(run=second["run"]) == 2 + 3 * 4 + 4
+
+
+# -- bench.examples: baselines on the same scenarios and rewards, any model by URL -------------
+
+async def test_example_baselines_and_a_model_by_url():
+    from artsdk.mock_server import MockServer
+    from bench.examples import baselines, by_url, example_of
+    from examples.runner import load_config
+
+    ttt_example = example_of("tic_tac_toe")
+    cfg = load_config(ttt_example.config, [])
+    rows = await baselines(ttt_example, cfg)
+    scripted, rand = rows["win, block, centre (scripted)"], rows["random legal move"]
+    assert scripted["scenarios"] == rand["scenarios"] == cfg["eval_games"]
+    assert scripted["reward"] > rand["reward"] > 0 and scripted["solved"] >= rand["solved"]
+    email_rows = await baselines(example_of("email_agent"), load_config(example_of("email_agent").config, []))
+    assert email_rows["always \"I don't know\""]["reward"] == 0.0
+    assert email_rows["search, read the top hit, copy (scripted)"]["reward"] > 1.0
+
+    def first_free(messages):  # a model that plays the first free cell it is shown
+        return re.search(r"Free: (\w+)", messages[-1]["content"]).group(1)
+
+    with MockServer(script=first_free) as server:
+        row = await by_url(ttt_example, cfg, server.base_url, "some-model", "k")
+        models = {r["body"]["model"] for r in server.app.state.requests}
+        temperatures = {r["body"]["temperature"] for r in server.app.state.requests}
+    assert row["failed"] == 0 and row["scenarios"] == cfg["eval_games"] and models == {"some-model"}
+    assert temperatures == {0.0} and row["reward"] >= 0  # every move legal: no -0.5

@@ -48,7 +48,7 @@ def questions() -> list[Question]:
     return inbox().questions()
 
 
-def _run_tool(name: str, args: dict[str, Any], mailbox: str, seen: dict[str, set[int]]) -> Any:
+def run_tool(name: str, args: dict[str, Any], mailbox: str, seen: dict[str, set[int]]) -> Any:
     if name == "search_emails":
         hits = inbox().search(args.get("keywords", []), mailbox=mailbox, limit=args.get("limit", 5))
         seen["found"].update(h["id"] for h in hits)
@@ -62,17 +62,20 @@ def _run_tool(name: str, args: dict[str, Any], mailbox: str, seen: dict[str, set
     return f"unknown tool {name!r}"
 
 
+def system_prompt(q: Question) -> str:
+    return (f"You answer questions about the inbox of {q.mailbox}. Search it with search_emails, read "
+            "emails with read_email, and finish with answer(text, sources). If you cannot find it, "
+            "answer \"I don't know\".")
+
+
 @art.rollout(name="email-research")
-async def research(q: Question) -> dict:
-    system = (f"You answer questions about the inbox of {q.mailbox}. Search it with search_emails, read "
-              "emails with read_email, and finish with answer(text, sources). If you cannot find it, "
-              "answer \"I don't know\".")
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system},
+async def research(q: Question, temperature: float = 1.0) -> dict:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt(q)},
                                       {"role": "user", "content": q.question}]
     seen: dict[str, set[int]] = {"found": set(), "read": set(), "calls": set()}
     for turn in range(1, MAX_TURNS + 1):
         resp = await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS,
-                                                    max_tokens=96, temperature=1.0)
+                                                    max_tokens=96, temperature=temperature)
         msg = resp.choices[0].message
         if not msg.tool_calls:  # a plain answer: taken as final, without sources
             return _outcome(msg.content, [], turn, seen)
@@ -89,7 +92,7 @@ async def research(q: Question) -> dict:
                 if call.function.name == "answer":
                     sources = [s for s in args.get("sources", []) if isinstance(s, int)]
                     return _outcome(str(args.get("text", "")), sources, turn, seen)
-                result = _run_tool(call.function.name, args, q.mailbox, seen)
+                result = run_tool(call.function.name, args, q.mailbox, seen)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)[:2000]})
     return _outcome(None, [], MAX_TURNS, seen)
 
@@ -142,21 +145,17 @@ def turns(traj: art.Trajectory) -> float:
     return -0.02 * max(0, traj.outcome["turns"] - 3)
 
 
-def judged(judge_model: str) -> art.Reward:
-    """An LLM judge (through the same OpenAI client) for answers the exact rule rejects:
-    "the meeting is at Blue Cafe, 3pm" for "Blue Cafe" is right."""
+JUDGE_TASK = ("Answer a question about an inbox with the fact from the email that holds it, citing that "
+              "email's id. An answer is only as good as the emails the agent found and read: one not backed "
+              "by an email in the conversation is worse than \"I don't know\".")
 
-    @art.reward(name="judge")
-    async def judge(traj: art.Trajectory) -> float:
-        q, o = _question(traj), traj.outcome
-        if said_idk(o["answer"]) or is_correct(o["answer"], q.answer):
-            return 0.0
-        r = await client.chat.completions.create(model=judge_model, max_tokens=3, temperature=0, messages=[
-            {"role": "user", "content": f"Question: {q.question}\nReference answer: {q.answer}\n"
-                                        f"Given answer: {o['answer']}\nIs the given answer correct? Say yes or no."}])
-        return 1.2 if "yes" in (r.choices[0].message.content or "").lower() else 0.0
 
-    return judge
+def judged(judge_model: str, base_url: Optional[str] = None, api_key: Optional[str] = None) -> art.Judge:
+    """A judge model scoring a group's research relative to each other (for answers the exact
+    rule cannot score: "the meeting is at Blue Cafe, 3pm" for "Blue Cafe"). Without ``base_url``
+    it asks where the OpenAI client points (``OPENAI_BASE_URL``); in a session, the trainable
+    model's own name asks the model being trained."""
+    return art.Judge(JUDGE_TASK, model=judge_model, base_url=base_url, api_key=api_key, weight=0.5)
 
 
 REWARDS = [correct, progress, tool_use, turns]

@@ -24,14 +24,14 @@ def parse_direction(text: str) -> str | None:
 
 
 @art.rollout(name="2048")
-async def play(seed: int) -> dict:
+async def play(seed: int, turns: int = MAX_TURNS, temperature: float = 1.0) -> dict:
     board = Board(seed=seed)
     moves: list[str] = []
-    for _ in range(MAX_TURNS):
+    for _ in range(turns):
         if board.over:
             break
         resp = await client.chat.completions.create(
-            model=MODEL, max_tokens=6, temperature=1.0,
+            model=MODEL, max_tokens=6, temperature=temperature,
             messages=[{"role": "system", "content": SYSTEM},
                       {"role": "user", "content": f"Board:\n{board.render()}\nYour move:"}],
         )

@@ -2,12 +2,12 @@
 
 from pathlib import Path
 
-from examples.runner import main
+from examples.runner import Example, main
 
 from .agent import correct, exact, label
+from .baselines import BASELINES
 from .reviews import reviews
 
-CONFIG = Path(__file__).with_name("config.toml")
 REWARDS = [correct]
 
 
@@ -15,5 +15,13 @@ def make_scenarios(n: int, seed: int, cfg: dict):
     return reviews(n, seed)
 
 
+def baselines(held_out: list, cfg: dict) -> dict:
+    return {name: [policy(review) for review in held_out] for name, policy in BASELINES.items()}
+
+
+EXAMPLE = Example("reviews", Path(__file__).with_name("config.toml"), label, REWARDS, make_scenarios, success=exact,
+                  baselines=baselines)
+CONFIG = EXAMPLE.config
+
 if __name__ == "__main__":
-    main(CONFIG, label, REWARDS, make_scenarios, success=exact)
+    main(EXAMPLE)

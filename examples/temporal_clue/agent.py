@@ -14,10 +14,10 @@ SIZE = 3
 
 
 @art.rollout(name="temporal-clue")
-async def solve(seed: int) -> dict:
-    puzzle = generate(seed, size=SIZE)
+async def solve(seed: int, size: int = SIZE, temperature: float = 1.0) -> dict:
+    puzzle = generate(seed, size=size)
     resp = await client.chat.completions.create(
-        model=MODEL, max_tokens=48, temperature=1.0,
+        model=MODEL, max_tokens=48, temperature=temperature,
         messages=[{"role": "system", "content": "You are a careful detective. You answer with four lines: "
                                                 "WHO:, WEAPON:, ROOM: and TIME:, and nothing else."},
                   {"role": "user", "content": puzzle.prompt()}],

@@ -25,13 +25,13 @@ def parse_move(text: str) -> str | None:
 
 
 @art.rollout(name="tic-tac-toe")
-async def play(game: Game) -> dict:
+async def play(game: Game, temperature: float = 1.0) -> dict:
     game = Game(seed=game.seed, opponent=game.opponent)  # a fresh board each rollout
     rng = random.Random(game.seed)
     moves = []
     while game.winner() is None:
         resp = await client.chat.completions.create(
-            model=MODEL, max_tokens=8, temperature=1.0,
+            model=MODEL, max_tokens=8, temperature=temperature,
             messages=[{"role": "system", "content": SYSTEM},
                       {"role": "user", "content": f"Board:\n{game.render()}\nFree: {' '.join(game.free())}\nYour move:"}],
         )

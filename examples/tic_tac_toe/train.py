@@ -2,12 +2,11 @@
 
 from pathlib import Path
 
-from examples.runner import main
+from examples.runner import Example, main
 
 from .agent import legal_moves, play, result
+from .baselines import BASELINES, play_with
 from .game import scenarios
-
-CONFIG = Path(__file__).with_name("config.toml")
 
 
 def make_scenarios(n: int, seed: int, cfg: dict):
@@ -18,5 +17,12 @@ def won(traj) -> bool:
     return traj.outcome.get("winner") == "x"
 
 
+def baselines(held_out: list, cfg: dict) -> dict:
+    return {name: [play_with(policy, game) for game in held_out] for name, policy in BASELINES.items()}
+
+
+EXAMPLE = Example("tic_tac_toe", Path(__file__).with_name("config.toml"), play, [result, legal_moves], make_scenarios,
+                  success=won, baselines=baselines)
+
 if __name__ == "__main__":
-    main(CONFIG, play, [result, legal_moves], make_scenarios, success=won)
+    main(EXAMPLE)

@@ -1,0 +1,194 @@
+"""Does each example learn? Train it from the base model on several seeds, each in a fresh
+folder (its own store and checkpoints), exactly as ``python -m examples.<name>.train --seed N``
+does, and set the held-out results beside simple baselines on the same scenarios and rewards.
+
+    python -m bench.examples tic_tac_toe [--seeds 0 1] [--steps 20 ...]    # options go to the example
+    python -m bench.examples email_agent --model-url http://host:8000/v1 --model Qwen/Qwen2.5-7B-Instruct
+    python -m bench.examples --plot-only                                     # redraw from the results
+
+Writes bench/results/example_<name>.json (every seed's evaluations, steps and time, the
+baselines, the commands) and docs/img/example_<name>.png (the curves), then rewrites
+docs/examples.md. A model by URL (any OpenAI-compatible endpoint) is evaluated on the same
+held-out scenarios, greedily, and added as a baseline; nothing is trained then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import artsdk as art
+from bench.common import RESULTS, save_result
+
+ROOT = Path(__file__).resolve().parent.parent
+IMG = ROOT / "docs" / "img"
+NAMES = ["reviews", "tic_tac_toe", "game_2048", "temporal_clue", "email_agent"]
+
+
+def example_of(name: str) -> Any:
+    return importlib.import_module(f"examples.{name}.train").EXAMPLE
+
+
+def train_seed(name: str, seed: int, options: list[str]) -> dict[str, Any]:
+    """One training run from the base model, in a folder of its own, as a user runs it."""
+    with tempfile.TemporaryDirectory(prefix=f"artsdk-{name}-{seed}-") as folder:
+        out = Path(folder) / "result.json"
+        args = ["--seed", str(seed), *options]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("ARTSDK_", "OPENAI_"))}
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        if os.environ.get("ARTSDK_CACHE"):  # converted base models may be reused
+            env["ARTSDK_CACHE"] = os.environ["ARTSDK_CACHE"]
+        t0 = time.monotonic()
+        p = subprocess.Popen([sys.executable, "-u", "-m", f"examples.{name}.train", *args, "--out", str(out)],
+                             cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in p.stdout:  # what the user would see, labelled
+            if not line.startswith(("Loading", "Converting", "Writing")):
+                print(f"[{name} seed {seed}] {line}", end="", flush=True)
+        if p.wait():
+            raise SystemExit(f"{name} seed {seed} failed (exit {p.returncode}); its output is above")
+        result = json.loads(out.read_text())
+    result.update(seed=seed, seconds=round(time.monotonic() - t0, 1),
+                  command=f"python -m examples.{name}.train {' '.join(args)}".strip())
+    return result
+
+
+async def scored(example: Any, cfg: dict[str, Any], held_out: list[Any], outcomes: list[Any]) -> dict[str, Any]:
+    """Mean reward and share solved of outcomes on the held-out scenarios, as the example scores them."""
+    rollout, rewards = example.rollout, example.rewards_for(cfg) if example.rewards_for else example.rewards
+    trajs = []
+    for scenario, outcome in zip(held_out, outcomes):
+        args, kwargs = (scenario.args, scenario.kwargs) if isinstance(scenario, art.Args) else ((scenario,), {})
+        trajs.append(art.Trajectory(rollout=rollout.name, outcome=outcome,
+                                    scenario=dict(rollout.signature.bind(*args, **kwargs).arguments)))
+    trajs = await art.replay.rescore(trajs, rewards, groups=False) if rewards else trajs
+    rewards_ = [t.reward for t in trajs]
+    solved = sum(bool(example.success(t)) for t in trajs) / len(trajs) if example.success else None
+    return {"reward": sum(rewards_) / len(rewards_), "solved": solved, "scenarios": len(trajs)}
+
+
+async def baselines(example: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    from examples.runner import HELD_OUT
+
+    held_out = example.make_scenarios(cfg.get("eval_games", 16), HELD_OUT, cfg)
+    plays = example.baselines(held_out, cfg) if example.baselines else {}
+    return {label: await scored(example, cfg, held_out, outcomes) for label, outcomes in plays.items()}
+
+
+async def by_url(example: Any, cfg: dict[str, Any], url: str, model: str, api_key: str) -> dict[str, Any]:
+    """A model behind any OpenAI-compatible URL, through the example's own agent, greedily."""
+    from openai import AsyncOpenAI
+
+    from examples.runner import HELD_OUT, evaluate
+
+    agent = importlib.import_module(example.rollout.fn.__module__)
+    client = AsyncOpenAI(base_url=url, api_key=api_key)
+    saved = agent.client, agent.MODEL
+    agent.client, agent.MODEL = client, model
+    try:
+        held_out = example.make_scenarios(cfg.get("eval_games", 16), HELD_OUT, cfg)
+        rewards = example.rewards_for(cfg) if example.rewards_for else example.rewards
+        mean, rate, trajs = await evaluate(example.rollout, held_out, rewards, example.success)
+    finally:
+        agent.client, agent.MODEL = saved
+        await client.close()
+    failed = sum(t.error is not None for t in trajs)
+    return {"reward": mean, "solved": rate, "scenarios": len(trajs), "failed": failed, "url": url}
+
+
+def plot(name: str, data: dict[str, Any], path: Path) -> None:
+    """Held-out reward at each evaluation (thick) and the training batches' mean reward (thin),
+    per seed, beside the baselines (dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=110)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, run in enumerate(data["runs"]):
+        c = colors[i % len(colors)]
+        evals = [(0, run["before"])] + [(e["step"], e["reward"]) for e in run.get("evals", [])]
+        ax.plot(*zip(*evals), marker="o", color=c, linewidth=2, label=f"held-out, seed {run['seed']}")
+        batches = [(h["step"], h["reward"]) for h in run["history"] if "reward" in h]
+        if batches:
+            ax.plot(*zip(*batches), color=c, linewidth=0.8, alpha=0.5, label=f"training batches, seed {run['seed']}")
+        warm = [h["step"] for h in run["history"] if h.get("sft")]
+        if warm and i == 0:
+            ax.axvspan(0, warm[-1], color="gray", alpha=0.12, label="SFT warm-up")
+    styles = iter([":", "--", "-."])
+    for label, b in data.get("baselines", {}).items():
+        ax.axhline(b["reward"], color="black", linestyle=next(styles, "--"), linewidth=1, label=label)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("mean reward")
+    ax.set_title(f"{name}: {data['base_model'].split('/')[-1]} on {data['device']}")
+    ax.legend(fontsize=6, loc="best")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def run(name: str, seeds: list[int], options: list[str], url: str | None, model: str | None, key: str) -> None:
+    from examples.runner import load_config
+
+    example = example_of(name)
+    cfg = load_config(example.config, options)
+    path = RESULTS / f"example_{name}.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    data: dict[str, Any] = {"example": name, "base_model": cfg["base_model"], "device": "CPU", "runs": [],
+                            "baselines": old.get("baselines", {}), "machine": f"{os.cpu_count()} CPU cores, "
+                            f"{platform.machine()}", "command": " ".join(["python -m bench.examples", *sys.argv[1:]])}
+    if seeds:
+        data["runs"] = [train_seed(name, s, options) for s in seeds]
+        data["config"] = data["runs"][0]["config"]
+        data["budget_seconds"] = max(r["seconds"] for r in data["runs"])
+    elif old:
+        data.update({k: old[k] for k in ("runs", "config", "budget_seconds", "command") if k in old})
+    data["baselines"].update(asyncio.run(baselines(example, cfg)))
+    if url:
+        data["baselines"][f"{model} (by URL)"] = asyncio.run(by_url(example, cfg, url, model or "default", key))
+    save_result(f"example_{name}", data)
+    if data["runs"]:
+        plot(name, data, IMG / f"example_{name}.png")
+    for r in data["runs"]:
+        print(f"{name} seed {r['seed']}: held-out {r['before']:.3f} -> {r['after']:.3f} ({r['seconds'] / 60:.1f} min)")
+    for label, b in data["baselines"].items():
+        print(f"{name} baseline {label}: {b['reward']:.3f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("name", nargs="?", choices=NAMES)
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
+    ap.add_argument("--model-url", help="also evaluate a model behind this OpenAI-compatible URL")
+    ap.add_argument("--model", help="its model name")
+    ap.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "unused"))
+    ap.add_argument("--plot-only", action="store_true", help="redraw every picture and the page from the results")
+    a, options = ap.parse_known_args()
+    if a.plot_only:
+        for name in NAMES:
+            p = RESULTS / f"example_{name}.json"
+            data = json.loads(p.read_text()) if p.is_file() else {}
+            if data.get("runs"):
+                plot(name, data, IMG / f"example_{name}.png")
+    elif a.name is None:
+        ap.error("name an example (or --plot-only)")
+    else:
+        run(a.name, a.seeds, options, a.model_url, a.model, a.api_key)
+    from bench.report import examples_page
+
+    examples_page()
+
+
+if __name__ == "__main__":
+    main()

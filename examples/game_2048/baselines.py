@@ -1,0 +1,33 @@
+"""Simple players to judge the trained model against, on the same boards and rewards: one
+that picks a random direction that moves something, and a scripted corner strategy (down,
+then left, then right, then up, the first that moves)."""
+
+from __future__ import annotations
+
+import random
+from typing import Callable
+
+from .game import Board
+
+
+def random_move(board: Board, rng: random.Random) -> str:
+    return rng.choice(board.legal())
+
+
+def corner(board: Board, rng: random.Random) -> str:
+    return next(d for d in ("down", "left", "right", "up") if board.can_move(d))
+
+
+def play_with(policy: Callable[[Board, random.Random], str], seed: int, turns: int) -> dict:
+    """The outcome the rollout would return, had ``policy`` chosen the moves."""
+    board, rng, moves = Board(seed=seed), random.Random(seed), []
+    for _ in range(turns):
+        if board.over:
+            break
+        direction = policy(board, rng)
+        board.move(direction)
+        moves.append(direction)
+    return {"max_tile": board.max_tile, "cells": board.cells, "moves": moves, "invalid": None}
+
+
+BASELINES = {"random legal move": random_move, "down-left-right-up (scripted)": corner}
