@@ -138,6 +138,10 @@ def plot(name: str, data: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in cfg.items() if k not in ("seed", "out", "resume")}
+
+
 def run(name: str, seeds: list[int], options: list[str], url: str | None, model: str | None, key: str) -> None:
     from examples.runner import load_config
 
@@ -147,13 +151,19 @@ def run(name: str, seeds: list[int], options: list[str], url: str | None, model:
     old = json.loads(path.read_text()) if path.is_file() else {}
     data: dict[str, Any] = {"example": name, "base_model": cfg["base_model"], "device": "CPU", "runs": [],
                             "baselines": old.get("baselines", {}), "machine": f"{os.cpu_count()} CPU cores, "
-                            f"{platform.machine()}", "command": " ".join(["python -m bench.examples", *sys.argv[1:]])}
-    if seeds:
-        data["runs"] = [train_seed(name, s, options) for s in seeds]
-        data["config"] = data["runs"][0]["config"]
-        data["budget_seconds"] = max(r["seconds"] for r in data["runs"])
+                            f"{platform.machine()}"}
+    kept = [r for r in old.get("runs", []) if r["seed"] not in seeds]
+    if seeds:  # runs of other seeds are kept when they trained with the same settings
+        runs = [train_seed(name, s, options) for s in seeds]
+        same = lambda r: _settings(r["config"]) == _settings(runs[0]["config"])  # noqa: E731
+        data["runs"] = sorted([r for r in kept if same(r)] + runs, key=lambda r: r["seed"])
+        data["config"] = runs[0]["config"]
+        data["command"] = f"python -m bench.examples {name} --seeds {' '.join(str(r['seed']) for r in data['runs'])}" \
+                          + "".join(f" {o}" for o in options)
     elif old:
-        data.update({k: old[k] for k in ("runs", "config", "budget_seconds", "command") if k in old})
+        data.update({k: old[k] for k in ("runs", "config", "command") if k in old})
+    if data["runs"]:
+        data["budget_seconds"] = max(r["seconds"] for r in data["runs"])
     data["baselines"].update(asyncio.run(baselines(example, cfg)))
     if url:
         data["baselines"][f"{model} (by URL)"] = asyncio.run(by_url(example, cfg, url, model or "default", key))

@@ -343,8 +343,8 @@ def example_section(key: str, r: dict | None) -> list[str]:
             + f", {cfg.get('eval_games', 16)} held-out scenarios answered greedily"
             + (f"; difficulty: {', '.join(f'{k} = {v!r}' for k, v in knobs.items() if k != 'warmup')}"
                if set(knobs) - {"warmup"} else "")
-            + f". Seeds {seeds}; each run took {_spread([x['seconds'] / 60 for x in runs]).split(' ')[0]} "
-              f"minutes on average (at most {max(x['seconds'] for x in runs) / 60:.0f}).", "",
+            + f". Seeds {seeds}; a run took {sum(x['seconds'] for x in runs) / len(runs) / 60:.0f} minutes on "
+              f"average (at most {max(x['seconds'] for x in runs) / 60:.0f}), evaluations included.", "",
             "| held out | mean reward (seeds " + seeds + ") | solved |", "|---|---|---|",
             f"| {r['base_model'].split('/')[-1]}, untrained | {_spread([x['before'] for x in runs])} | "
             f"{_pct([x.get('solved_before') for x in runs])} |"]

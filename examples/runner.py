@@ -31,6 +31,9 @@ def load_config(path: Path, argv: Sequence[str] | None) -> dict[str, Any]:
     ap.add_argument("--group-size", type=int)
     ap.add_argument("--scenarios-per-step", type=int)
     ap.add_argument("--eval-games", type=int)
+    ap.add_argument("--eval-every", type=int, help="also evaluate the held-out scenarios every N steps")
+    ap.add_argument("--warmup", type=int, help="how many good conversations to warm up on (0: none), "
+                                               "where the example has them")
     ap.add_argument("--out", type=Path, help="write the figures (eval before/after, each step) here as JSON")
     ap.add_argument("--seed", type=int, help="seed of the training scenarios and the adapter's initialisation "
                                               "(the held-out scenarios stay the same)")
@@ -39,7 +42,8 @@ def load_config(path: Path, argv: Sequence[str] | None) -> dict[str, Any]:
                          "model, earlier checkpoints moved aside)")
     a = ap.parse_args(argv)
     cfg = tomllib.loads(a.config.read_text())
-    for key in ("steps", "base_model", "group_size", "scenarios_per_step", "eval_games", "out", "resume", "seed"):
+    for key in ("steps", "base_model", "group_size", "scenarios_per_step", "eval_games", "eval_every", "warmup", "out",
+                "resume", "seed"):
         if getattr(a, key) is not None:
             cfg[key] = getattr(a, key)
     return cfg
@@ -101,7 +105,7 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
             show("before", trajs)
             await run.remember(eval_before=before, solved_before=rate_before)
         history, evals = [], []
-        if warmup is not None and cfg.get("warmup", 1) and not run.step:  # a supervised warm-up first
+        if warmup is not None and cfg.get("warmup") and not run.step:  # a supervised warm-up first
             examples = warmup(cfg)
             print(f"warm-up: supervised on {len(examples)} good conversations...", flush=True)
             sft = await run.train_sft(examples, **cfg.get("sft", {}))

@@ -11,6 +11,7 @@ from .puzzle import generate, parse_answer, score
 client = AsyncOpenAI(base_url="http://127.0.0.1:1/v1", api_key="unused")  # routed by art.session
 MODEL = "clue-agent"
 SIZE = 3
+SYSTEM = "You are a careful detective. You answer with four lines: WHO:, WEAPON:, ROOM: and TIME:, and nothing else."
 
 
 @art.rollout(name="temporal-clue")
@@ -18,9 +19,7 @@ async def solve(seed: int, size: int = SIZE, temperature: float = 1.0) -> dict:
     puzzle = generate(seed, size=size)
     resp = await client.chat.completions.create(
         model=MODEL, max_tokens=48, temperature=temperature,
-        messages=[{"role": "system", "content": "You are a careful detective. You answer with four lines: "
-                                                "WHO:, WEAPON:, ROOM: and TIME:, and nothing else."},
-                  {"role": "user", "content": puzzle.prompt()}],
+        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": puzzle.prompt()}],
     )
     text = resp.choices[0].message.content or ""
     return {"answer": text, "parsed": parse_answer(text), "solution": list(puzzle.solution),
