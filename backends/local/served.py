@@ -17,60 +17,26 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import torch
-
 from artsdk.backend import TrainableModel
 from artsdk.errors import BackendError
 
-from . import models
-from .chat import ChatFormat, message_text
+from .batch import Tokenizing
 from .checkpoints import Checkpoints
 from .engine import Completion, Request
-from .batch import Tokenizing
+from .policy import Policy, lora_settings
 from .sft import SFTConfig, sft_step
 from .trainer import TrainConfig, train_step
 
 log = logging.getLogger("artsdk.local")
-
-LORA_DEFAULTS = {"rank": 8, "alpha": 16, "target_modules": "all-linear", "dropout": 0.0}
-
-
-def lora_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """``TrainableModel.config`` checked: only "lora" and "train" sections, and the LoRA
-    values of the right types (ValueError names the bad one)."""
-    unknown = set(config) - {"lora", "train"}
-    if unknown:
-        raise ValueError(f"unknown model setting(s) {sorted(unknown)}; known: ['lora', 'train']")
-    for section in ("lora", "train"):
-        if not isinstance(config.get(section, {}), dict):
-            raise ValueError(f"config[{section!r}] must be a table of settings, got {config[section]!r}")
-    lora = config.get("lora", {})
-    unknown = set(lora) - set(LORA_DEFAULTS)
-    if unknown:
-        raise ValueError(f"unknown LoRA setting(s) {sorted(unknown)}; known: {sorted(LORA_DEFAULTS)}")
-    lora = {**LORA_DEFAULTS, **lora}
-    rank, alpha, dropout, targets = lora["rank"], lora["alpha"], lora["dropout"], lora["target_modules"]
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= 1024:
-        raise ValueError(f"LoRA rank must be a whole number from 1 to 1024, got {rank!r}")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 1e4:
-        raise ValueError(f"LoRA alpha must be a number above 0, got {alpha!r}")
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-        raise ValueError(f"LoRA dropout must be a number from 0 to below 1, got {dropout!r}")
-    if not (isinstance(targets, str) or (isinstance(targets, list) and targets
-                                          and all(isinstance(t, str) for t in targets))):
-        raise ValueError(f"LoRA target_modules must be \"all-linear\" or a list of module names, got {targets!r}")
-    return lora
 
 
 class ServedModel:
     def __init__(self, spec: TrainableModel, *, home: Path, cache: Path, device: str, dtype: Any,
                  keep_checkpoints: int, best_metric: Optional[str], train_defaults: TrainConfig,
                  engine: Callable[["ServedModel"], Any]) -> None:
-        from peft import LoraConfig, get_peft_model
-
         self.spec = spec
         self.device = device
-        lora = lora_settings(spec.config)  # bad settings are refused before anything is written
+        lora_settings(spec.config)  # bad settings are refused before anything is written
         self.train_config = TrainConfig.build(train_defaults, spec.config.get("train", {}))
         self.checkpoints = Checkpoints(home / spec.project / spec.name / "checkpoints")
         latest = self.checkpoints.latest()
@@ -81,20 +47,9 @@ class ServedModel:
                     f"the checkpoints in {self.checkpoints.folder} were trained from base model "
                     f"{trained_from!r}, not {spec.base_model!r}; give the model another name "
                     f"(or project), or move that folder away to start over")
-        base, self.tokenizer = models.load(spec.base_model, cache.expanduser(), device, dtype)
-        self.context_length = int(getattr(base.config, "max_position_embeddings", 2048) or 2048)
-        self.lora_config = LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"],
-                                      target_modules=lora["target_modules"], lora_dropout=float(lora["dropout"]),
-                                      bias="none", task_type="CAUSAL_LM")
-        with torch.random.fork_rng(devices=[]):
-            # the adapter's random init depends on the seed alone: runs are reproducible
-            torch.manual_seed(self.train_config.seed)
-            self.model = get_peft_model(base, self.lora_config, adapter_name="policy")
-        self.model.eval()
-        self.chat = ChatFormat(self.tokenizer)
-        params = [p for n, p in self.model.named_parameters() if "lora_" in n and ".policy." in n]
-        self.optimizer = torch.optim.AdamW(params, lr=self.train_config.learning_rate,
-                                           weight_decay=self.train_config.weight_decay)
+        self.policy = policy = Policy(spec, cache=cache, device=device, dtype=dtype, train_config=self.train_config)
+        self.model, self.tokenizer, self.chat = policy.model, policy.tokenizer, policy.chat
+        self.optimizer, self.lora_config, self.context_length = policy.optimizer, policy.lora_config, policy.context_length
         self.keep_checkpoints = keep_checkpoints
         self.best_metric = best_metric
         self.step = 0
@@ -211,14 +166,7 @@ class ServedModel:
 
     def tokenizing(self) -> Tokenizing:
         """What the trainer needs to turn this model's trajectories into tokens."""
-        return Tokenizing(policy=self.spec.name, vocab_size=self.model.get_input_embeddings().weight.shape[0],
-                          context_length=self.context_length, step=self.step,
-                          prompt_ids=self.chat.prompt_ids,
-                          completion_ids=self._completion_ids)
-
-    def _completion_ids(self, choice: Any) -> list[int]:
-        text = message_text(choice.message)
-        return self.chat.encode(text) + [self.chat.end_id]
+        return self.policy.tokenizing(self.step)
 
     def close(self) -> None:
         self.engine.close()

@@ -23,6 +23,7 @@ from artsdk.trajectory import Trajectory
 
 from .attention import packed_attention
 from .batch import Segment, Tokenizing, minibatches, pack, segments, weigh
+from .shard import ALONE, Shard
 from .trainer import Row, _check, _release_memory, _Snapshot
 
 
@@ -83,9 +84,11 @@ def as_examples(trajectories: Sequence[Trajectory], policy: str) -> list[Traject
 
 
 def sft_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequence[Trajectory], cfg: SFTConfig,
-             tk: Tokenizing, device: str, stop: Optional[threading.Event] = None) -> dict[str, float]:
+             tk: Tokenizing, device: str, stop: Optional[threading.Event] = None,
+             shard: Shard = ALONE) -> dict[str, float]:
     """Supervised updates on ``trajectories`` (``cfg.epochs`` passes, ``cfg.batch_size`` of them
-    per optimizer step); returns the metrics. Whole or absent, as a GRPO step."""
+    per optimizer step); returns the metrics. Whole or absent, as a GRPO step; over several
+    ranks as a GRPO step (shard.py)."""
     t0 = time.perf_counter()
     examples = as_examples(trajectories, tk.policy)
     quiet: set[str] = set()
@@ -115,15 +118,17 @@ def sft_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequenc
                 for batch in batches:
                     optimizer.zero_grad(set_to_none=True)
                     loss_sum = 0.0
-                    for row in batch:
+                    for row in shard.mine(batch):
                         _check(stop)
                         if len(row.keep) == 0:
                             continue
                         loss = -(row.logprobs(model) * row.weight).sum()
                         loss.backward()
                         loss_sum += float(loss.detach())
-                        tokens += len(row.keep) if epoch == 0 else 0
+                    tokens += sum(len(row.keep) for row in batch) if epoch == 0 else 0
                     _check(stop)
+                    shard.sum_grads(params)
+                    loss_sum = shard.sum([loss_sum])[0]
                     grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
                     if not math.isfinite(loss_sum) or not torch.isfinite(grad_norm):
                         raise TrainingError(f"the SFT loss ({loss_sum}) or gradient norm ({float(grad_norm)}) is not "

@@ -41,6 +41,7 @@ from artsdk.trajectory import Group
 
 from .attention import packed_attention
 from .batch import Segment, Tokenizing, advantages, minibatches, pack, segments, weigh
+from .shard import ALONE, Shard
 
 log = logging.getLogger("artsdk.local")
 
@@ -201,11 +202,13 @@ class _Snapshot:
 
 def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Group], cfg: TrainConfig,
                tk: Tokenizing, device: str, reference: Optional[Callable[[], Any]] = None,
-               stop: Optional[threading.Event] = None) -> dict[str, float]:
+               stop: Optional[threading.Event] = None, shard: Shard = ALONE) -> dict[str, float]:
     """One training step on ``groups`` (``cfg.minibatches`` x ``cfg.epochs`` optimizer steps);
     returns its metrics. Bad input raises TrajectoryError, a non-finite loss, gradient or
     weight TrainingError, and ``stop`` set (Ctrl-C) StepInterrupted at the next row: each
-    with the weights and the optimizer as they were before the step."""
+    with the weights and the optimizer as they were before the step. With a ``shard`` of
+    several ranks, each rank trains its share of the rows and the sums are over all of them
+    (shard.py): every rank makes the same step."""
     t0 = time.perf_counter()
     eps_lo, eps_hi = cfg.clip_range()
     norm = LOSSES[cfg.loss][2]
@@ -259,6 +262,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
         if units:
             batches.append([Row(r, device) for r in pack(units, budget)])
     rows = [r for b in batches for r in b]
+    mine = [shard.mine(b) for b in batches]  # this rank's rows of each mini-batch
     # a trajectory longer than a row spans rows: its GSPO ratio and weight are over all of them
     spans = {int(u) for u in _spanning(rows)} if cfg.loss == "gspo" else set()
     old_pass = len(batches) * cfg.epochs > 1 or bool(spans)
@@ -276,22 +280,26 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
         with packed_attention(model):
             if old_pass:  # the old policy: the weights as they are before the first update
                 with torch.no_grad():
-                    for row in rows:
+                    for row in (r for b in mine for r in b):
                         _check(stop)
                         row.old = row.logprobs(model)
-            gap_means = _traj_means(rows, spans, lambda r: r.old - r.sampler) if spans else {}
+            gap_means = _traj_means([r for b in mine for r in b], spans, lambda r: r.old - r.sampler,
+                                    shard) if spans else {}
             update = 0
             for epoch in range(cfg.epochs):
-                for batch in batches:
+                for batch in mine:
                     update += 1
                     optimizer.zero_grad(set_to_none=True)
-                    ratio_means = _traj_means(batch, spans, lambda r: r.logprobs(model) - r.old) if spans else {}
+                    ratio_means = _traj_means(batch, spans, lambda r: r.logprobs(model) - r.old,
+                                              shard) if spans else {}
                     figures = dict.fromkeys(("loss", "clipped", "ratio", "tokens", "kl"), 0.0)
                     for row in batch:
                         _check(stop)
                         _row_loss(model, row, cfg, eps_lo, eps_hi, reference, figures, sums if epoch == 0 else None,
                                   ratio_means, gap_means)
                     _check(stop)
+                    shard.sum_grads(params)
+                    figures = dict(zip(figures, shard.sum(list(figures.values()))))
                     grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
                     if not math.isfinite(figures["loss"]) or not torch.isfinite(grad_norm):
                         raise TrainingError(f"the loss ({figures['loss']}) or the gradient norm ({float(grad_norm)}) "
@@ -318,6 +326,9 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
         optimizer.zero_grad(set_to_none=True)
         model.eval()
         _release_memory()
+    once = ("is_weight", "is_truncated", "gap", "gap_n")  # added up by each rank over its own rows
+    sums.update(zip(once, shard.sum([sums[k] for k in once])))
+    sums["gap_max"] = shard.max([sums["gap_max"]])[0]
     trained = max(sum(len(r.keep) for r in rows), 1)
     seen = max(sums["tokens"], 1)
     metrics.update(
@@ -416,11 +427,13 @@ def _spanning(rows: Sequence[Row]) -> set[int]:
     return out
 
 
-def _traj_means(rows: Sequence[Row], which: set[int], value: Callable[[Row], torch.Tensor]) -> dict[int, float]:
+def _traj_means(rows: Sequence[Row], which: set[int], value: Callable[[Row], torch.Tensor],
+                shard: Shard = ALONE) -> dict[int, float]:
     """Per trajectory in ``which``: the mean of ``value(row)`` over its trained tokens in ``rows``
-    (no gradient; NaN values, from tokens without a recorded sampler logprob, do not count)."""
+    (this rank's; summed over ranks) -- no gradient; NaN values, from tokens without a recorded
+    sampler logprob, do not count."""
     wanted = torch.tensor(sorted(which), dtype=torch.long)
-    sums: dict[int, list[float]] = {}
+    sums: dict[int, list[float]] = {u: [0.0, 0.0] for u in sorted(which)}
     with torch.no_grad():
         for row in rows:
             mine = torch.isin(row.trajectory, wanted.to(row.trajectory.device))
@@ -433,7 +446,9 @@ def _traj_means(rows: Sequence[Row], which: set[int], value: Callable[[Row], tor
                 acc = sums.setdefault(u, [0.0, 0.0])
                 acc[0] += float(v[sel].sum())
                 acc[1] += float(sel.sum())
-    return {u: s / n for u, (s, n) in sums.items() if n}
+    keys = sorted(sums)
+    total = shard.sum([x for u in keys for x in sums[u]])
+    return {u: total[2 * i] / total[2 * i + 1] for i, u in enumerate(keys) if total[2 * i + 1]}
 
 
 def _release_memory() -> None:

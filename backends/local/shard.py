@@ -1,0 +1,65 @@
+"""A training step over several processes (torch.distributed ranks): every rank builds the
+same rows, takes its share of each mini-batch, and the gradients and figures are summed over
+ranks before the clip and the optimizer step. The loss weights are already those of the whole
+mini-batch (batch.weigh), so the sum of the ranks' gradients is the single-process gradient
+and N ranks make the step one process makes (up to the order of float additions).
+
+One process is ``ALONE``: every row its own, every sum itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's place among ``world`` training ranks (an initialised process group)."""
+
+    rank: int = 0
+    world: int = 1
+
+    def mine(self, rows: Sequence[T]) -> list[T]:
+        """This rank's share of one mini-batch's rows (they are sorted longest first, so dealing
+        them out in turn balances the work)."""
+        return list(rows[self.rank::self.world])
+
+    def sum_grads(self, params: Sequence[torch.Tensor]) -> None:
+        """Each parameter's gradient summed over ranks, in place (a rank that had no row of
+        this mini-batch adds zeros)."""
+        if self.world == 1:
+            return
+        import torch.distributed as dist
+
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1).float() for g in grads])
+        dist.all_reduce(flat)
+        at = 0
+        for p, g in zip(params, grads):
+            n = g.numel()
+            p.grad = flat[at:at + n].view_as(p).to(p.dtype)
+            at += n
+
+    def sum(self, values: Sequence[float]) -> list[float]:
+        return self._reduce(values, "sum")
+
+    def max(self, values: Sequence[float]) -> list[float]:
+        return self._reduce(values, "max")
+
+    def _reduce(self, values: Sequence[float], op: str) -> list[float]:
+        if self.world == 1:
+            return [float(v) for v in values]
+        import torch.distributed as dist
+
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces GPU tensors only
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        return t.tolist()
+
+
+ALONE = Shard()

@@ -1,0 +1,126 @@
+"""A training step over two torch.distributed ranks (gloo, two processes) is the step one
+process makes: the same loss, gradient norm, clip figures and adapter afterwards, for each kind
+of loss (several mini-batches and epochs, so the old-policy pass and the clip act; GSPO with
+trajectories spanning rows, whose means are taken over both ranks; a KL term) and for SFT."""
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+import artsdk as art
+from artsdk.testing import trajectory
+from backends.local.policy import Policy
+from backends.local.shard import Shard
+from backends.local.sft import SFTConfig, sft_step
+from backends.local.trainer import TrainConfig, train_step
+
+CACHE = Path(os.environ.get("ARTSDK_CACHE") or Path.home() / ".cache" / "artsdk")
+CASES = {
+    "cispo, 2 mini-batches x 2 epochs": {"loss": "cispo", "minibatches": 2, "epochs": 2},
+    "grpo with a KL term, 3 mini-batches": {"loss": "grpo", "minibatches": 3, "beta": 0.1},
+    "gspo, trajectories spanning rows": {"loss": "gspo", "minibatches": 2, "tokens_per_row": 24},
+    "sft": {"sft": True},
+}
+ROW = 40  # tokens per packed row: every mini-batch has several rows to deal out
+
+
+def groups(policy: Policy) -> list[art.Group]:
+    """Four groups of four multi-turn answers with different lengths and rewards."""
+    out = []
+    for g in range(4):
+        trajs = []
+        for k in range(4):
+            first = [{"role": "user", "content": f"question {g}"}]
+            ids1 = [40 + 7 * g + k + j for j in range(3 + k)]
+            second = [*first, {"role": "assistant", "content": "a"}, {"role": "user", "content": "more"}]
+            ids2 = [90 + g + j for j in range(2 + (k + g) % 3)]
+            t = trajectory(calls=[[*first, {"role": "assistant", "content": "a"}],
+                                  [*second, {"role": "assistant", "content": "b"}]], model=policy.spec.name)
+            for call, prompt, ids in ((t.calls[0], first, ids1), (t.calls[1], second, ids2)):
+                call.prompt_token_ids = policy.chat.prompt_ids(prompt)
+                call.choices[0].token_ids = ids
+                call.choices[0].logprobs = [-5.0 - 0.1 * j for j in range(len(ids))]
+            t.reward = float(k % 3) + 0.1 * g
+            trajs.append(t)
+        out.append(art.Group(trajectories=trajs))
+    return out
+
+
+def step(case: str, shard: Shard) -> dict:
+    """Build the tiny policy (same seed on every rank), train one step on the same groups."""
+    settings = dict(CASES[case])
+    torch.manual_seed(0)
+    train = TrainConfig.build(TrainConfig(), {"learning_rate": 1e-2, "tokens_per_row": ROW,
+                                              **{k: v for k, v in settings.items() if k != "sft"}})
+    policy = Policy(art.TrainableModel("dist", base_model="tiny"), cache=CACHE, device="cpu", dtype=torch.float32,
+                    train_config=train)
+    for g in policy.optimizer.param_groups:
+        g["lr"] = train.learning_rate
+    tk = policy.tokenizing(0)
+    policy.model.set_adapter("policy")
+    if settings.get("sft"):
+        trajs = [t for g in groups(policy) for t in g]
+        metrics = sft_step(policy.model, policy.optimizer, trajs, SFTConfig.build({"epochs": 2, "batch_size": 5, "learning_rate": 1e-2,
+                                                                                   "tokens_per_row": ROW}, seed=0),
+                           tk, device="cpu", shard=shard)
+    else:
+        metrics = train_step(policy.model, policy.optimizer, groups(policy), train, tk, device="cpu",
+                             reference=policy.model.disable_adapter, shard=shard)
+    adapter = torch.cat([p.detach().flatten() for n, p in policy.model.named_parameters() if ".policy." in n])
+    return {"metrics": metrics, "adapter": adapter.tolist()}
+
+
+def rank_main(rank: int, world: int, port: int, case: str, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        result = step(case, Shard(rank, world))
+    finally:
+        dist.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_ranks_make_the_step_one_process_makes(case, tmp_path):
+    import torch.multiprocessing as mp
+
+    alone = step(case, Shard())
+    mp.spawn(rank_main, args=(2, free_port(), case, str(tmp_path)), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["adapter"] == ranks[1]["adapter"]  # the ranks agree exactly
+    one, two, start = torch.tensor(alone["adapter"]), torch.tensor(ranks[0]["adapter"]), torch.tensor(step_zero_adapter())
+    moved, apart = (one - start).abs(), (one - two).abs()
+    assert moved.max() > 1e-3  # the step trained something
+    # the same step up to the order of float additions (Adam magnifies that noise where a
+    # gradient is near 0, so the bound is relative to how far the step moved the weights)
+    assert apart.mean() < 1e-4 * moved.mean() and apart.max() < 1e-2 * moved.max(), (float(apart.mean()),
+                                                                                      float(moved.mean()))
+    m1, m2 = alone["metrics"], ranks[0]["metrics"]
+    assert m1["rows"] >= 2 * m1["updates"] / CASES[case].get("epochs", 1)  # each rank had rows of its own
+    keys = ["loss", "grad_norm", "tokens_trained", "updates", "rows"] + (
+        [] if "sft" in CASES[case] else ["clip_fraction", "ratio_mean", "kl", "logprob_mismatch", "is_weight_mean"])
+    for k in keys:
+        assert m2[k] == pytest.approx(m1[k], rel=1e-4, abs=1e-6), (k, m1[k], m2[k])
+    if CASES[case].get("beta"):
+        assert m1["kl"] > 0
+    if CASES[case].get("epochs", 1) * CASES[case].get("minibatches", 1) > 1 and "sft" not in CASES[case]:
+        assert m1["clip_fraction"] > 0 or abs(m1["ratio_mean"] - 1) > 1e-6  # later updates saw a moved ratio
+
+
+def step_zero_adapter() -> list[float]:
+    torch.manual_seed(0)
+    policy = Policy(art.TrainableModel("dist", base_model="tiny"), cache=CACHE, device="cpu", dtype=torch.float32,
+                    train_config=TrainConfig())
+    return torch.cat([p.detach().flatten() for n, p in policy.model.named_parameters() if ".policy." in n]).tolist()
