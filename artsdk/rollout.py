@@ -123,7 +123,7 @@ class Rollout(Generic[R]):
         traj = self._new(args, kwargs)
         for k, v in fields.items():
             setattr(traj, k, v)
-        rec = Recorder(seed)
+        rec = Recorder(seed, traj.id)
         t0 = perf_counter()
         token = current_recorder.set(rec)
         try:

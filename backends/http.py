@@ -1,11 +1,15 @@
 """What every backend server does to a request before its route sees it: the API key, the
 body-size limit (counted on the bytes that arrive, chunked or not), and time limits on a
-request's headers and body, so a client that trickles bytes cannot hold a connection."""
+request's headers and body, so a client that trickles bytes cannot hold a connection; and the
+thread a server runs in."""
 
 from __future__ import annotations
 
 import asyncio
 import secrets
+import socket
+import threading
+import time
 from typing import Any, Optional
 
 from fastapi import FastAPI
@@ -120,3 +124,31 @@ class GuardedH11(H11Protocol):
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+
+class ServerThread:
+    """uvicorn in a background thread, bound to ``host`` (127.0.0.1 unless told otherwise)."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+        import uvicorn
+
+        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self.host, self.port = host, self._sock.getsockname()[1]
+        self.base_url = f"http://{host}:{self.port}/v1"
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                                     http=GuardedH11))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
+                                        name="artsdk-server", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the inference server did not start on {host}:{self.port}")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(15)
+        self._sock.close()

@@ -18,6 +18,40 @@ needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM is not installed (make setup-vllm)")
 ENGINES = ["builtin", pytest.param("vllm", marks=needs_vllm)]
 
+needs_postgres = pytest.mark.skipif(importlib.util.find_spec("pgserver") is None or
+                                    importlib.util.find_spec("psycopg") is None,
+                                    reason="pgserver / psycopg are not installed (make setup)")
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory):
+    """A real PostgreSQL server (pgserver's binaries), on a socket in a temporary folder; the
+    fixture is the server object (``postgres_url`` makes a fresh database on it)."""
+    import pgserver
+
+    srv = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="stop")
+    yield srv
+    srv.cleanup()
+
+
+@pytest.fixture
+def postgres_url(postgres):
+    """The SQLAlchemy URL of a new, empty database on the test PostgreSQL server."""
+    import uuid
+
+    name = f"t{uuid.uuid4().hex[:12]}"
+    postgres.psql(f"CREATE DATABASE {name};")
+    return postgres.get_uri(name).replace("postgresql://", "postgresql+psycopg://", 1)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=needs_postgres)])
+def store_url(request, tmp_path):
+    """Where a store test keeps its store: an SQLite file, or a database on a real PostgreSQL."""
+    if request.param == "sqlite":
+        return str(tmp_path / "s.db")
+    return request.getfixturevalue("postgres_url")
+
+
 # the device the training tests run on: "cuda" on a GPU machine (bench/gpu_check.sh); they
 # train in fp32 unless a test names bf16
 DEVICE = os.environ.get("ARTSDK_TEST_DEVICE", "cpu")

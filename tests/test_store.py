@@ -1,4 +1,5 @@
-"""The SQLite store: round trips, filters, export, groups, other processes, bad files."""
+"""The store: round trips, filters, export, groups, failed writes -- on SQLite and on a real
+PostgreSQL server -- and SQLite's other processes and bad files."""
 
 import json
 import sqlite3
@@ -26,8 +27,8 @@ def multi_turn(n_turns=3, **fields):
     return trajectory(msgs, token_ids=[5, 6, 7], logprobs=[-0.1, -0.2, -0.3], **fields)
 
 
-def test_round_trip_keeps_everything(tmp_path):
-    store = art.Store(tmp_path / "s.db")
+def test_round_trip_keeps_everything(tmp_path, store_url):
+    store = art.Store(store_url)
     t = multi_turn(outcome={"score": 3, "path": ["a", "b"]}, rewards={"win": 1.0, "len": -0.25},
                    project="p", model="m", step=2, scenario={"seed": 7}, metadata={"k": "v"})
     t.warnings.append("careful")
@@ -35,15 +36,17 @@ def test_round_trip_keeps_everything(tmp_path):
     back = store.get(t.id)
     assert back.model_dump() == t.model_dump()
     # the multi-turn prefix is stored once, not once per call
-    with sqlite3.connect(tmp_path / "s.db") as db:
-        rows = db.execute("SELECT idx, prefix, messages FROM art_calls ORDER BY idx").fetchall()
+    import sqlalchemy as sa
+
+    with sa.create_engine(store_url if "://" in store_url else f"sqlite:///{store_url}").connect() as db:
+        rows = db.exec_driver_sql("SELECT idx, prefix, messages FROM art_calls ORDER BY idx").fetchall()
     assert [r[1] for r in rows] == [0, 3, 6]
     assert len(json.loads(rows[2][2])) == 1
     store.close()
 
 
-def test_filters_count_and_prefix_lookup(tmp_path):
-    store = art.Store(tmp_path / "s.db")
+def test_filters_count_and_prefix_lookup(tmp_path, store_url):
+    store = art.Store(store_url)
     ts = []
     for i in range(10):
         t = trajectory([{"role": "user", "content": str(i)}, {"role": "assistant", "content": "x"}],
@@ -67,8 +70,8 @@ def test_filters_count_and_prefix_lookup(tmp_path):
     store.close()
 
 
-def test_export_jsonl_and_iterate(tmp_path):
-    store = art.Store(tmp_path / "s.db")
+def test_export_jsonl_and_iterate(tmp_path, store_url):
+    store = art.Store(store_url)
     store.save([multi_turn(project="p") for _ in range(5)])
     n = store.export_jsonl(tmp_path / "out.jsonl", project="p")
     lines = (tmp_path / "out.jsonl").read_text().splitlines()
@@ -79,7 +82,7 @@ def test_export_jsonl_and_iterate(tmp_path):
     store.close()
 
 
-async def test_groups_come_back_for_training(tmp_path, server):
+async def test_groups_come_back_for_training(tmp_path, server, store_url):
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=server.base_url, api_key="k")
@@ -93,7 +96,7 @@ async def test_groups_come_back_for_training(tmp_path, server):
     def length(t):
         return float(len(t.outcome))
 
-    store = art.Store(tmp_path / "g.db")
+    store = art.Store(store_url)
     groups = await art.gather(agent, ["a", "bbb"], group_size=3, rewards=[length], store=store)
     loaded = {g.id: g for g in store.groups()}
     assert set(loaded) == {g.id for g in groups}
@@ -169,8 +172,8 @@ def test_newer_schema_refused(tmp_path):
         art.Store(path)
 
 
-def test_duplicate_write_fails_alone_and_is_saved_aside(tmp_path):
-    store = art.Store(tmp_path / "s.db")
+def test_duplicate_write_fails_alone_and_is_saved_aside(tmp_path, store_url):
+    store = art.Store(store_url)
     t = multi_turn()
     store.save(t)
     others = [multi_turn() for _ in range(3)]
@@ -180,7 +183,7 @@ def test_duplicate_write_fails_alone_and_is_saved_aside(tmp_path):
     for f in futures[1:]:
         f.result()  # the good ones in the same batch were written
     assert store.count() == 4
-    saved = list((tmp_path / "unsaved").glob("*.json"))
+    saved = list(tmp_path.rglob("unsaved/*.json"))
     assert len(saved) == 1 and t.id in saved[0].read_text()
     t.reward = 5.0
     store.save(t, replace=True)
@@ -188,10 +191,10 @@ def test_duplicate_write_fails_alone_and_is_saved_aside(tmp_path):
     store.close()
 
 
-async def test_writes_do_not_block_the_event_loop(tmp_path):
+async def test_writes_do_not_block_the_event_loop(tmp_path, store_url):
     import anyio
 
-    store = art.Store(tmp_path / "s.db")
+    store = art.Store(store_url)
     ticks = 0
 
     async def ticker():
@@ -267,3 +270,42 @@ def test_a_store_written_before_runs_opens_and_keeps_everything(tmp_path):
         assert conn.execute("SELECT value FROM art_meta").fetchone() == ("2",)
     with art.Store(path) as store:  # opened again: nothing to do
         assert store.count() == 3
+
+
+@pytest.mark.skipif(not __import__("importlib").util.find_spec("pgserver"), reason="pgserver is not installed")
+async def test_postgres_restarted_mid_run_loses_nothing(postgres, postgres_url, caplog):
+    """Trajectories keep coming while the PostgreSQL server stops and starts again: the writes
+    made while it was down wait and are stored once it is back; none is lost or doubled."""
+    import threading
+
+    import pgserver
+
+    store = art.Store(postgres_url)
+    sent, futures = [], []
+    stop = threading.Event()
+
+    def produce():
+        while not stop.is_set():
+            t = multi_turn(project="pg")
+            sent.append(t.id)
+            futures.append(store.submit(t))
+            stop.wait(0.01)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    import anyio
+
+    await anyio.sleep(0.5)
+    pgserver.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=postgres.pgdata, user=postgres.system_user)
+    await anyio.sleep(2.0)  # rollouts go on finishing while the server is down
+    down = len(sent)
+    postgres.ensure_postgres_running()
+    await anyio.sleep(0.5)
+    stop.set()
+    producer.join()
+    for f in futures:
+        f.result(timeout=120)  # every write settles without an error
+    assert store.count(project="pg") == len(sent) and len(set(sent)) == len(sent) > down > 20
+    assert {t.id for t in store.trajectories(project="pg", limit=10_000)} == set(sent)
+    assert "the store cannot be reached" in caplog.text and "reachable again" in caplog.text
+    store.close()

@@ -25,12 +25,13 @@ class Recorder:
     """Collects the calls of one running rollout. Calls keep the order they were *made*
     in, also when a stream finishes after a later call."""
 
-    __slots__ = ("calls", "notes", "seed", "_pending", "_lock")
+    __slots__ = ("calls", "notes", "seed", "rollout_id", "_pending", "_lock")
 
-    def __init__(self, seed: Optional[int] = None) -> None:
+    def __init__(self, seed: Optional[int] = None, rollout_id: Optional[str] = None) -> None:
         self.calls: list[Optional[LLMCall]] = []
         self.notes: list[str] = []  # what capture could not record (see sentinel.py)
         self.seed = seed  # set by art.gather in a session: the rollout's calls sample reproducibly
+        self.rollout_id = rollout_id  # the trajectory's id: sent to the backend with its calls
         self._pending: dict[int, Callable[[], None]] = {}
         self._lock = threading.Lock()
 
@@ -133,6 +134,21 @@ def with_sample_seed(kwargs: dict[str, Any]) -> dict[str, Any]:
     if rec is None or rec.seed is None or "seed" in kwargs or not isinstance(extra, dict) or "seed" in extra:
         return kwargs
     return {**kwargs, "extra_body": {**extra, "seed": (rec.seed + 7919 * len(rec.calls)) % 2**31}}
+
+
+ROLLOUT_HEADER = "X-Artsdk-Rollout"
+
+
+def for_backend(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` of a call routed to a trainable model: with a sampling seed
+    (``with_sample_seed``) and the rollout's id in a header, by which a backend with several
+    inference replicas keeps a rollout's calls on one (its prefix cache stays warm)."""
+    kwargs = with_sample_seed(kwargs)
+    rec = current_recorder.get()
+    headers = kwargs.get("extra_headers") or {}
+    if rec is None or rec.rollout_id is None or not isinstance(headers, dict) or ROLLOUT_HEADER in headers:
+        return kwargs
+    return {**kwargs, "extra_headers": {**headers, ROLLOUT_HEADER: rec.rollout_id}}
 
 
 def hint_misspelt_model(exc: BaseException, model: Any) -> None:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 from ..trajectory import LLMCall
 from . import context
 from .cassette import Cassette, current_cassette
-from .context import Recorder, current_recorder, one_call, route_for, with_sample_seed
+from .context import Recorder, current_recorder, for_backend, one_call, route_for
 
 _STREAM_ATTR = "_artsdk_watch"
 
@@ -66,7 +66,7 @@ def _route(kwargs: dict[str, Any]) -> dict[str, Any]:
     if found is None:
         return kwargs
     route, send_as = found
-    return {**with_sample_seed(kwargs), "model": f"openai/{send_as}", "api_base": route.base_url,
+    return {**for_backend(kwargs), "model": f"openai/{send_as}", "api_base": route.base_url,
             "api_key": route.api_key}
 
 

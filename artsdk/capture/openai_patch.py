@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 from ..trajectory import LLMCall
 from . import context, http_body
 from .cassette import Cassette, current_cassette
-from .context import Recorder, Route, current_recorder, one_call, route_for, routes, with_sample_seed
+from .context import Recorder, Route, current_recorder, for_backend, one_call, route_for, routes
 from .record import failed_call
 
 _RAW_HEADER = "X-Stainless-Raw-Response"
@@ -121,7 +121,7 @@ def _wrap_sync(orig: Callable[..., Any], kind: str, api: API) -> Callable[..., A
             return _replay(self, kwargs, kind, cassette, api)
         target, override = _routed(self, kwargs.get("model"), api)
         if target is not self:
-            kwargs = with_sample_seed(kwargs)
+            kwargs = for_backend(kwargs)
         send = {**kwargs, **override} if override else kwargs
         with one_call(api.provider, kwargs, api.request) as (rec, t0):
             resp = orig(target, *args, **send)
@@ -141,7 +141,7 @@ def _wrap_async(orig: Callable[..., Any], kind: str, api: API) -> Callable[..., 
             return _replay(self, kwargs, kind, cassette, api)
         target, override = _routed(self, kwargs.get("model"), api)
         if target is not self:
-            kwargs = with_sample_seed(kwargs)
+            kwargs = for_backend(kwargs)
         send = {**kwargs, **override} if override else kwargs
         with one_call(api.provider, kwargs, api.request) as (rec, t0):
             resp = await orig(target, *args, **send)

@@ -29,6 +29,8 @@ def connect(url: sa.engine.URL, path: Optional[Path]) -> sa.engine.Engine:
             except OSError as e:
                 raise StoreError(f"cannot create the folder for store {path}: {e}") from None
         kwargs["connect_args"] = {"check_same_thread": False, "timeout": 60}
+    else:  # a server: a pooled connection it dropped (a restart) is noticed before use
+        kwargs["pool_pre_ping"] = True
     try:
         engine = sa.create_engine(url, **kwargs)
     except (ModuleNotFoundError, sa.exc.NoSuchModuleError) as e:
@@ -44,6 +46,14 @@ def connect(url: sa.engine.URL, path: Optional[Path]) -> sa.engine.Engine:
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
     return engine
+
+
+def transient(e: BaseException, engine: sa.engine.Engine) -> bool:
+    """A database server that cannot be reached (or dropped the connection): its writes are
+    worth trying again. Never for SQLite, whose errors do not pass by waiting."""
+    if engine.dialect.name == "sqlite" or not isinstance(e, sa.exc.DBAPIError):
+        return False
+    return bool(e.connection_invalidated) or isinstance(e, (sa.exc.OperationalError, sa.exc.InterfaceError))
 
 
 def prepare(engine: sa.engine.Engine, path: Optional[Path], where: str, allow_foreign: bool) -> None:

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from ..errors import StoreError
 from ..trajectory import Group, Trajectory
 from . import tables as T
-from .database import connect, prepare, sqlite_path
+from .database import connect, prepare, sqlite_path, transient
 from .query import latest_run, load, load_checkpoints, load_groups, load_runs, load_steps, select_trajectories
 from .rows import dumps
 from .writer import Job, Writer
@@ -48,7 +48,9 @@ class Store:
         self._engine = connect(parsed, self.path)
         prepare(self._engine, self.path, str(self.path) if self.path is not None else self.url, allow_foreign)
         home = self.path.parent if self.path is not None else Path(cfg.home)
-        self._writer = Writer(self._begin, write, home / "unsaved", name=self.path.name if self.path else "db")
+        engine = self._engine
+        self._writer = Writer(self._begin, write, home / "unsaved", name=self.path.name if self.path else "db",
+                              transient=lambda e: transient(e, engine))
         self._closed = False
         _open_stores.add(self)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -34,9 +35,13 @@ class Job:
 
 class Writer:
     def __init__(self, begin: Callable[[], Any], write: Callable[[Any, list[Job]], None],
-                 unsaved_dir: Path, name: str) -> None:
+                 unsaved_dir: Path, name: str, transient: Callable[[BaseException], bool] = lambda e: False,
+                 outage_s: float = 600.0) -> None:
         self._begin = begin  # -> context manager yielding a connection in a transaction
         self._write = write  # (connection, jobs) -> None: writes all the jobs' rows
+        # a database server that went away (restarted, a network blip): its writes wait for it,
+        # tried again for up to outage_s, before they count as failed
+        self._transient, self._outage_s = transient, outage_s
         self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._unsaved_dir = unsaved_dir
         self._thread = threading.Thread(target=self._run, name=f"artsdk-store-{name}", daemon=True)
@@ -75,17 +80,30 @@ class Writer:
                 return
 
     def _commit(self, jobs: list[Job]) -> None:
-        try:
-            with self._begin() as conn:
-                self._write(conn, jobs)
-        except Exception:
-            if len(jobs) == 1:
-                self._fail(jobs[0])
+        deadline, delay = None, 0.2
+        while True:
+            try:
+                with self._begin() as conn:
+                    self._write(conn, jobs)
+                break
+            except Exception as e:
+                now = time.monotonic()
+                if self._transient(e) and now < (deadline := deadline or now + self._outage_s):
+                    if delay == 0.2:
+                        log.warning("the store cannot be reached (%s); %d write(s) wait and are tried again for up "
+                                    "to %.0fs", " ".join(str(e).split())[:200], len(jobs), self._outage_s)
+                    time.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
+                if len(jobs) == 1:
+                    self._fail(jobs[0])
+                    return
+                # one bad job must not take the others down with it: retry them one by one
+                for job in jobs:
+                    self._commit([job])
                 return
-            # one bad job must not take the others down with it: retry them one by one
-            for job in jobs:
-                self._commit([job])
-            return
+        if delay > 0.2:
+            log.warning("the store is reachable again: the %d write(s) that waited are stored", len(jobs))
         for job in jobs:
             settle(job.future, None)
 
@@ -106,7 +124,7 @@ class Writer:
                 where = f"; its data was saved to {path}"
             except Exception as e:  # noqa: BLE001 - say so, and go on
                 where = f"; saving its data to {path} failed too ({type(e).__name__}: {e})"
-        reason = f"{type(exc).__name__}: {getattr(exc, 'orig', None) or exc}"
+        reason = f"{type(exc).__name__}: {' '.join(str(getattr(exc, 'orig', None) or exc).split())}"  # one line
         if type(exc).__name__ == "IntegrityError":
             reason += " (it is already stored; save(..., replace=True) overwrites it)"
         err = StoreError(f"could not store {job.describe}: {reason}{where}")

@@ -30,6 +30,7 @@ from artsdk.backend import Endpoint, TrainableModel, TrainResult, nothing_to_tra
 from artsdk.errors import ArtError, BackendError
 from artsdk.trajectory import Group, Trajectory
 
+from .checkpoints import move_aside
 from .served import ServedModel
 from .trainer import TrainConfig
 
@@ -137,7 +138,7 @@ class LocalBackend:
                       max_batch=self.max_batch, merger=merger)
 
     def _ensure_server(self) -> str:
-        from .server import ServerThread
+        from ..http import ServerThread
 
         with self._lock:
             if self._server is None:
@@ -213,22 +214,6 @@ class LocalBackend:
     @property
     def base_url(self) -> Optional[str]:
         return self._server.base_url if self._server is not None else None
-
-
-def move_aside(folder: Path) -> Optional[Path]:
-    """Rename a model's checkpoints folder to ``checkpoints.<time>`` when it holds any (they
-    are never deleted); the folder it went to, or None."""
-    import time
-
-    if not folder.is_dir() or not any(p.name.isdigit() for p in folder.iterdir()):
-        return None
-    kept = folder.with_name(f"{folder.name}.{time.strftime('%Y%m%d-%H%M%S')}")
-    n = 1
-    while kept.exists():
-        kept, n = folder.with_name(f"{folder.name}.{time.strftime('%Y%m%d-%H%M%S')}.{n}"), n + 1
-    folder.rename(kept)
-    log.info("starting fresh: the earlier checkpoints were moved to %s", kept)
-    return kept
 
 
 async def _interruptible(fn: Any, *args: Any) -> Any:

@@ -7,6 +7,7 @@ place, so a killed run never leaves a half-written checkpoint behind.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -16,6 +17,7 @@ from typing import Any, Optional
 import torch
 
 _STEP = re.compile(r"^\d+$")
+log = logging.getLogger("artsdk.local")
 
 
 class Checkpoints:
@@ -59,6 +61,31 @@ class Checkpoints:
         tmp.replace(final)
         return final
 
+    def files(self, step: int, names: Optional[tuple[str, ...]] = None) -> dict[str, bytes]:
+        """The files of a checkpoint (or only ``names``) as bytes, to send to another machine."""
+        folder = self.path(step)
+        return {p.name: p.read_bytes() for p in sorted(folder.iterdir())
+                if p.is_file() and (names is None or p.name in names)}
+
+    def write(self, step: int, files: dict[str, bytes]) -> Path:
+        """A checkpoint made of ``files`` (from ``files`` elsewhere), written as ``save`` writes
+        one: to a temporary folder first, then renamed into place."""
+        if not files or any("/" in n or n.startswith(".") for n in files):
+            raise ValueError(f"not the files of a checkpoint: {sorted(files)}")
+        final = self.path(step)
+        tmp = self.folder / f"{step}.tmp{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.replace(final)
+        return final
+
+    def remove(self, step: int) -> None:
+        shutil.rmtree(self.path(step), ignore_errors=True)
+
     def state(self, step: int) -> dict[str, Any]:
         """The trainer state saved with a step (its metrics, the model it belongs to)."""
         return json.loads((self.path(step) / "trainer_state.json").read_text())
@@ -94,3 +121,19 @@ class Checkpoints:
         for s in gone:
             shutil.rmtree(self.path(s), ignore_errors=True)
         return gone
+
+
+def move_aside(folder: Path) -> Optional[Path]:
+    """Rename a model's checkpoints folder to ``checkpoints.<time>`` when it holds any (they
+    are never deleted); the folder it went to, or None."""
+    import time
+
+    if not folder.is_dir() or not any(p.name.isdigit() for p in folder.iterdir()):
+        return None
+    kept = folder.with_name(f"{folder.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+    n = 1
+    while kept.exists():
+        kept, n = folder.with_name(f"{folder.name}.{time.strftime('%Y%m%d-%H%M%S')}.{n}"), n + 1
+    folder.rename(kept)
+    log.info("starting fresh: the earlier checkpoints were moved to %s", kept)
+    return kept

@@ -56,6 +56,10 @@ class ServedModel:
         self.published: set[int] = set()  # steps with an adapter in the engine
         self.pins: dict[int, int] = {}  # step -> requests submitted on it and not yet answered
         self._pin_lock = threading.Lock()  # makes "newest step" and "pinned" one atomic act
+        # a replica behind a router keeps older steps until the router, which pins requests to
+        # steps before they reach it, says none is in flight (release)
+        self.hold_steps = False
+        self._released: set[int] = set()
         self._train_lock = threading.Lock()  # one training step at a time per model
         if latest is not None:
             state = self.checkpoints.load(latest, self.model, self.optimizer)
@@ -97,10 +101,22 @@ class ServedModel:
                 self._retire(step)
 
     def _retire(self, step: int) -> None:
-        """Let go of the adapter of an old step no request pins (hold ``_pin_lock``)."""
+        """Let go of the adapter of an old step no request pins (hold ``_pin_lock``); with
+        ``hold_steps``, only of a step ``release`` let go."""
+        if self.hold_steps and step not in self._released:
+            return
         if step != self.step and step in self.published and not self.pins.get(step):
             self.published.discard(step)
+            self._released.discard(step)
             self.engine.retire(step)
+
+    def release(self, step: int) -> None:
+        """With ``hold_steps``: retire ``step`` (not the newest) now, or when its last pinned
+        request is answered."""
+        with self._pin_lock:
+            if step != self.step:
+                self._released.add(step)
+                self._retire(step)
 
     def submit(self, req: Request, step: Optional[int] = None) -> "Future[list[Completion]]":
         """Generate on ``step`` (default: the newest), pinned until the answer is complete;

@@ -1,14 +1,11 @@
 """The OpenAI-compatible HTTP server of the local backend (FastAPI + uvicorn): the app, with
 what every route shares (the key, body limits, errors, ``/health``, ``/v1/models``) and the
 API surfaces it serves -- chat completions (``server_chat.py``) and the Responses API
-(``server_responses.py``) -- and the thread that runs it.
+(``server_responses.py``). ``backends.http.ServerThread`` runs it.
 """
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from typing import Any, Callable, Optional
 
 from fastapi import FastAPI, Request
@@ -16,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from ..http import GuardedH11, error, guard
+from ..http import error, guard
 from .engine import EngineRefused
 from .generate import MAX_BODY, BadRequest, ClientGone
 from .served import ServedModel
@@ -69,31 +66,3 @@ def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[st
     add_chat_routes(app, models)
     add_responses_routes(app, models)
     return app
-
-
-class ServerThread:
-    """uvicorn in a background thread, bound to ``host`` (127.0.0.1 unless told otherwise)."""
-
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
-        import uvicorn
-
-        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, port))
-        self.host, self.port = host, self._sock.getsockname()[1]
-        self.base_url = f"http://{host}:{self.port}/v1"
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                                     http=GuardedH11))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
-                                        name="artsdk-server", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the inference server did not start on {host}:{self.port}")
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(15)
-        self._sock.close()

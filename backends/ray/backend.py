@@ -1,0 +1,455 @@
+"""``RayBackend``: the local backend's engine and trainer spread over a Ray cluster --
+inference replicas behind one OpenAI-compatible endpoint, and trainer ranks that make each
+step together -- with the same session API and the same promises: a step is whole or absent,
+a request is answered by the step it was pinned to, checkpoints are written whole.
+
+```toml
+backend = "ray"
+[backend_options]
+address = "auto"            # an existing Ray cluster; unset: a Ray instance on this machine
+replicas = 2                # inference replicas (each the local backend's engine and server)
+trainers = 2                # trainer ranks (torch.distributed: gloo on CPUs, NCCL on GPUs)
+replica_gpus = 1            # per replica; also replica_cpus, replica_resources = {...}
+trainer_gpus = 1            # per rank; also trainer_cpus, trainer_resources = {...}
+device = "auto"             # as the local backend: "cpu", "cuda"; engine = "vllm" on GPUs
+```
+
+The driver (this process) holds the endpoint, writes every checkpoint (rank 0 sends the files;
+no shared filesystem is needed) and is the store's one writer. After a step the new adapter is
+loaded by every ready replica before requests for the model's name go to it; a replica that
+fails to load it is drained, set up again by the health check and readmitted serving the
+current step. A replica Ray restarts (its node lost) is set up the same way before it takes
+traffic. A trainer rank lost during a step abandons the step (no checkpoint, nothing served)
+and the ranks start again from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from artsdk.backend import Endpoint, TrainableModel, TrainResult, nothing_to_train
+from artsdk.errors import ArtError, BackendError
+from artsdk.trajectory import Group, Trajectory
+
+from .replica import ADAPTER_FILES
+from .router import Pool, Replica, build_app
+
+log = logging.getLogger("artsdk.ray")
+
+SETUP_TIMEOUT = 1800.0  # seconds a replica may take to load a model and its adapter
+
+
+class RayBackend:
+    """See the module docs. Implements ``artsdk.Backend``."""
+
+    def __init__(self, *, address: Optional[str] = None, replicas: int = 1, trainers: int = 1,
+                 replica_cpus: float = 1, replica_gpus: float = 0, replica_resources: Optional[dict[str, float]] = None,
+                 trainer_cpus: float = 1, trainer_gpus: float = 0, trainer_resources: Optional[dict[str, float]] = None,
+                 placement: str = "PACK", device: str = "auto", dtype: Optional[str] = None, host: str = "127.0.0.1",
+                 port: int = 0, api_key: Optional[str] = None, home: Optional[str] = None, cache: Optional[str] = None,
+                 keep_checkpoints: int = 3, best_metric: Optional[str] = None, engine: str = "builtin",
+                 vllm: Optional[dict[str, Any]] = None, max_batch: int = 64, replica_restarts: int = -1,
+                 wait_s: float = 120.0, health_interval_s: float = 1.0, **train_defaults: Any) -> None:
+        from artsdk.config import settings
+
+        for name, value in (("replicas", replicas), ("trainers", trainers)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise BackendError(f"ray backend: {name} must be a whole number >= 1, got {value!r}")
+        for name, value in (("replica_cpus", replica_cpus), ("trainer_cpus", trainer_cpus),
+                            ("replica_gpus", replica_gpus), ("trainer_gpus", trainer_gpus)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise BackendError(f"ray backend: {name} must be a number >= 0, got {value!r}")
+        if placement not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
+            raise BackendError(f"ray backend: placement {placement!r} is not one of PACK, SPREAD, STRICT_PACK, "
+                               f"STRICT_SPREAD")
+        if engine not in ("builtin", "vllm"):
+            raise BackendError(f"ray backend: unknown engine {engine!r}; use \"builtin\" or \"vllm\"")
+        self.address, self.replicas, self.trainers = address, replicas, trainers
+        self.replica_shape = {"num_cpus": replica_cpus, "num_gpus": replica_gpus, "resources": replica_resources or {}}
+        self.trainer_shape = {"CPU": trainer_cpus, "GPU": trainer_gpus, **(trainer_resources or {})}
+        self.placement = placement
+        self.home = Path(home or settings().home)
+        self.cache = cache or os.environ.get("ARTSDK_CACHE")
+        self.host, self.port, self.api_key = host, port, api_key
+        self.keep_checkpoints, self.best_metric = keep_checkpoints, best_metric
+        self.replica_options: dict[str, Any] = {"device": device, "dtype": dtype, "engine": engine, "vllm": vllm,
+                                                "max_batch": max_batch, "cache": self.cache,
+                                                "threads": max(1, int(replica_cpus)) if not replica_gpus else None,
+                                                **train_defaults}
+        self.trainer_options: dict[str, Any] = {"device": device, "dtype": dtype, "cache": self.cache,
+                                                "threads": max(1, int(trainer_cpus)) if not trainer_gpus else None,
+                                                "train_defaults": train_defaults}
+        self.replica_restarts, self.wait_s, self.health_interval_s = replica_restarts, wait_s, health_interval_s
+        self.deployments: dict[str, Deployment] = {}
+        self._server: Any = None
+        self._started_ray = False
+        self._lock = threading.Lock()
+
+    # -- Backend protocol -----------------------------------------------------------------
+
+    async def register(self, model: TrainableModel, *, fresh: bool = False) -> Endpoint:
+        from backends.local.checkpoints import move_aside
+
+        self._connect()
+        moved = None
+        if fresh:
+            await self.unregister(model)
+            moved = move_aside(self.home / model.project / model.name / "checkpoints")
+        d = self.deployments.get(model.name)
+        if d is None:
+            d = Deployment(self, model)
+            try:
+                await d.start()
+            except BaseException:
+                await d.stop()
+                raise
+            self.deployments[model.name] = d
+        return Endpoint(base_url=self._ensure_server(), api_key=self.api_key or "artsdk", model=model.name,
+                        moved_aside=str(moved) if moved else None)
+
+    async def train(self, model: TrainableModel, groups: Sequence[Group], **config: Any) -> TrainResult:
+        d = self._deployment(model)
+        step, metrics, path = await d.step_with("train", list(groups), config)
+        return TrainResult(step=step, metrics=metrics, checkpoint=path, trained=path is not None,
+                           reason=None if path is not None else nothing_to_train(groups, metrics),
+                           groups_trained=int(metrics.get("groups_trained", 0)),
+                           groups_skipped=int(metrics.get("groups_skipped", 0)))
+
+    async def train_sft(self, model: TrainableModel, trajectories: Sequence[Trajectory], **config: Any) -> TrainResult:
+        d = self._deployment(model)
+        step, metrics, path = await d.step_with("sft", list(trajectories), config)
+        return TrainResult(step=step, metrics=metrics, checkpoint=path)
+
+    async def step(self, model: TrainableModel) -> int:
+        d = self.deployments.get(model.name)
+        return d.step if d is not None else 0
+
+    def checkpoint_dir(self, model: TrainableModel, step: int) -> Path:
+        folder = self.home / model.project / model.name / "checkpoints" / str(step)
+        if not (folder / "trainer_state.json").is_file():
+            raise BackendError(f"model {model.name!r} has no checkpoint for step {step}")
+        return folder
+
+    def checkpoint_steps(self, model: TrainableModel) -> list[int]:
+        from backends.local.checkpoints import Checkpoints
+
+        folder = self.home / model.project / model.name / "checkpoints"
+        return Checkpoints(folder).steps() if folder.is_dir() else []
+
+    async def unregister(self, model: TrainableModel) -> None:
+        d = self.deployments.pop(model.name, None)
+        if d is not None:
+            await d.stop()
+
+    async def close(self) -> None:
+        for name in list(self.deployments):
+            await self.deployments.pop(name).stop()
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        if self._started_ray:
+            import ray
+
+            ray.shutdown()
+            self._started_ray = False
+
+    @property
+    def base_url(self) -> Optional[str]:
+        return self._server.base_url if self._server is not None else None
+
+    def status(self) -> dict[str, Any]:
+        """Each model's step and replicas (ready, steps served, requests in flight, failures)."""
+        out = {}
+        for name, d in self.deployments.items():
+            with d.pool.lock:
+                out[name] = {"step": d.step, "routing_step": d.pool.current, "ranks": len(d.ranks),
+                             "replicas": [{"ready": r.ready, "steps": sorted(r.steps), "inflight": r.inflight, "answered": r.answered,
+                                           "failures": r.failures, "incarnation": r.incarnation} for r in d.pool.replicas]}
+        return out
+
+    # -- inside ---------------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            return
+        if self.address:
+            ray.init(address=self.address, include_dashboard=False, log_to_driver=True)
+        else:  # a Ray instance on this machine, with room for every replica and rank asked for
+            need = self.replicas * self.replica_shape["num_cpus"] + self.trainers * self.trainer_shape["CPU"]
+            ray.init(num_cpus=max(os.cpu_count() or 1, int(need + 0.999)), include_dashboard=False,
+                     log_to_driver=True)
+            self._started_ray = True
+
+    def _deployment(self, model: TrainableModel) -> "Deployment":
+        d = self.deployments.get(model.name)
+        if d is None:
+            raise BackendError(f"model {model.name!r} is not registered with this backend; open a session first")
+        return d
+
+    def _pools(self) -> dict[str, Pool]:
+        return {name: d.pool for name, d in self.deployments.items()}
+
+    def _ensure_server(self) -> str:
+        from ..http import ServerThread
+
+        with self._lock:
+            if self._server is None:
+                if self.host not in ("127.0.0.1", "localhost", "::1") and not self.api_key:
+                    log.warning("serving on %s without an API key: anyone who can reach it can use it", self.host)
+                self._server = ServerThread(build_app(self._pools, self.api_key, self.wait_s), self.host, self.port)
+            return self._server.base_url
+
+
+class Deployment:
+    """One model on the cluster: its trainer ranks, its replicas and their pool, its
+    checkpoints (written here), and the watch that keeps the replicas set up."""
+
+    def __init__(self, backend: RayBackend, spec: TrainableModel) -> None:
+        from backends.local.checkpoints import Checkpoints
+
+        self.be, self.spec = backend, spec
+        self.checkpoints = Checkpoints(backend.home / spec.project / spec.name / "checkpoints")
+        self.step = self.checkpoints.latest() or 0
+        self.pool = Pool(spec.name, spec.base_model, key=secrets.token_urlsafe(24), replicas=[])
+        self.pool.release = lambda replica, step: replica.actor.release.remote(step)
+        self.ranks: list[Any] = []
+        self._placement: Any = None
+        self._step_lock = asyncio.Lock()
+        self._stop = threading.Event()
+        self._watch: Optional[threading.Thread] = None
+
+    async def start(self) -> None:
+        import ray
+
+        if self.step:
+            trained_from = self.checkpoints.state(self.step).get("model", {}).get("base_model")
+            if trained_from not in (None, self.spec.base_model):
+                raise BackendError(f"the checkpoints in {self.checkpoints.folder} were trained from base model "
+                                   f"{trained_from!r}, not {self.spec.base_model!r}; give the model another name "
+                                   f"(or project), or move that folder away to start over")
+        from .replica import Replica as ReplicaActor
+
+        actor = ray.remote(ReplicaActor)
+        driver_ip = ray.util.get_node_ip_address()
+        shape = self.be.replica_shape
+        self.pool.replicas = [Replica(i, actor.options(
+            num_cpus=shape["num_cpus"], num_gpus=shape["num_gpus"], resources=shape["resources"],
+            max_restarts=self.be.replica_restarts, max_task_retries=0, scheduling_strategy="SPREAD",
+        ).remote(self.spec.model_dump(), dict(self.be.replica_options), driver_ip, self.pool.key))
+            for i in range(self.be.replicas)]
+        await self.start_trainers()
+        with self.pool.lock:
+            self.pool.current = self.step
+        await asyncio.gather(*(asyncio.to_thread(self._set_up, r) for r in self.pool.replicas))
+        if not self.pool.ready():
+            raise BackendError(f"no inference replica of {self.spec.name!r} could be set up; see the Ray logs")
+        self._watch = threading.Thread(target=self._keep_set_up, name=f"artsdk-ray-{self.spec.name}", daemon=True)
+        self._watch.start()
+
+    async def start_trainers(self) -> None:
+        """The trainer ranks, in one placement group, joined in one process group, at the last
+        checkpoint."""
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from .trainer import TrainerRank
+
+        if self._placement is not None:
+            remove_placement_group(self._placement)
+        shape = {k: v for k, v in self.be.trainer_shape.items() if v}
+        self._placement = placement_group([dict(shape) for _ in range(self.be.trainers)], strategy=self.be.placement)
+        try:
+            await asyncio.wait_for(self._placement.ready(), timeout=self.be.wait_s)
+        except asyncio.TimeoutError:
+            raise BackendError(f"the cluster could not place {self.be.trainers} trainer rank(s) of {shape} "
+                               f"({self.be.placement}) within {self.be.wait_s:.0f}s; its resources: "
+                               f"{ray.cluster_resources()}") from None
+        actor = ray.remote(TrainerRank)
+        extra = {k: v for k, v in shape.items() if k not in ("CPU", "GPU")}
+        self.ranks = [actor.options(
+            num_cpus=shape.get("CPU", 0), num_gpus=shape.get("GPU", 0), resources=extra, max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self._placement, placement_group_bundle_index=i),
+        ).remote(self.spec.model_dump(), i, self.be.trainers, dict(self.be.trainer_options))
+            for i in range(self.be.trainers)]
+        try:
+            ip, port = await self.ranks[0].address.remote()
+            await asyncio.gather(*(r.join.remote(ip, port) for r in self.ranks))
+            if self.step:
+                files = ray.put(await asyncio.to_thread(self.checkpoints.files, self.step))
+                await asyncio.gather(*(r.load.remote(self.step, files) for r in self.ranks))
+        except ray.exceptions.RayError as e:
+            raise BackendError(f"the trainer ranks of {self.spec.name!r} could not start: {_cause(e)}") from None
+
+    async def step_with(self, kind: str, data: list[Any], config: dict[str, Any]) -> tuple[int, dict[str, float],
+                                                                                            Optional[str]]:
+        """One step (``kind`` "train" or "sft") on every rank: (step, figures, checkpoint or None)."""
+        import ray
+
+        async with self._step_lock:
+            step = self.step + 1
+            ref = ray.put(data)
+            calls = [getattr(r, kind).remote(step, ref, config) for r in self.ranks]
+            try:
+                results = await self._all(calls, step)
+            except asyncio.CancelledError:  # Ctrl-C: the ranks put the weights back once done
+                await asyncio.shield(self._rollback())
+                raise
+            metrics = results[0]
+            if kind == "train" and not metrics.get("tokens_trained"):
+                return self.step, metrics, None
+            # from here the step completes even if the caller is cancelled: whole, not half
+            return await asyncio.shield(self._commit(step, metrics))
+
+    async def _all(self, calls: list[Any], step: int) -> list[dict[str, float]]:
+        """Every rank's answer; a rank lost (or stuck behind one that failed alone) abandons
+        the step and starts the ranks again from the last checkpoint."""
+        import ray
+
+        futures = [asyncio.ensure_future(c) for c in calls]
+        done, pending = await asyncio.wait(futures, return_when=asyncio.FIRST_EXCEPTION)
+        if pending:  # one failed: the others get a moment to fail the same way (bad data), or are stuck
+            more, pending = await asyncio.wait(pending, timeout=30)
+            done |= more
+        errors = [f.exception() for f in done if f.exception() is not None]
+        if not errors and not pending:
+            return [f.result() for f in futures]
+        causes = [_cause(e) for e in errors]
+        same = not pending and len(errors) == len(futures) and len({type(c) for c in causes}) == 1
+        if same and isinstance(causes[0], (ArtError, ValueError)) and not isinstance(errors[0], ray.exceptions.RayActorError):
+            # every rank refused the same input before moving anything (train_step puts them back)
+            if isinstance(causes[0], ArtError):
+                raise causes[0]
+            raise BackendError(f"training {self.spec.name!r}: {causes[0]}") from None
+        for f in pending:
+            f.cancel()
+        failed = [(i, f.exception()) for i, f in enumerate(futures) if f.done() and not f.cancelled()
+                  and f.exception() is not None]
+        rank, lost = next(((i, e) for i, e in failed if isinstance(e, ray.exceptions.RayActorError)),
+                          failed[0] if failed else (None, None))
+        why = str(_cause(lost)).strip().splitlines()[0][:300] if lost is not None else "it stopped answering"
+        log.warning("%s: trainer rank %s failed during step %d (%s); starting the ranks again from step %d",
+                    self.spec.name, rank, step, why, self.step)
+        await self._restart_trainers()
+        raise BackendError(f"trainer rank {rank} of {self.spec.name!r} failed during step {step} ({why}); the step "
+                           f"was abandoned -- no checkpoint written, nothing served -- and the ranks started again "
+                           f"from step {self.step}: train again to go on")
+
+    async def _restart_trainers(self) -> None:
+        import ray
+
+        for r in self.ranks:
+            ray.kill(r, no_restart=True)
+        self.ranks = []
+        await self.start_trainers()
+
+    async def _rollback(self) -> None:
+        import ray
+
+        try:
+            await asyncio.gather(*(r.rollback.remote() for r in self.ranks))
+        except ray.exceptions.RayError:
+            await self._restart_trainers()
+
+    async def _commit(self, step: int, metrics: dict[str, float]) -> tuple[int, dict[str, float], str]:
+        """Write the checkpoint, have every ready replica serve it, move the name to it, and
+        let the ranks drop their snapshot."""
+        import ray
+
+        files = await self.ranks[0].checkpoint.remote(step, {"metrics": metrics, "model": self.spec.model_dump()})
+        path = await asyncio.to_thread(self.checkpoints.write, step, files)
+        adapter = ray.put({k: v for k, v in files.items() if k in ADAPTER_FILES})
+        ready = self.pool.ready()
+        loaded = await asyncio.gather(*(r.actor.publish.remote(step, adapter) for r in ready), return_exceptions=True)
+        with self.pool.lock:
+            for r, result in zip(ready, loaded):
+                if isinstance(result, BaseException):  # drained; the watch sets it up again
+                    log.warning("%s: replica %d could not load step %d (%s); drained until it does",
+                                self.spec.name, r.index, step, _cause(result))
+                    r.ready = False
+                else:
+                    r.steps.update(result)
+            self.pool.advance(step)
+        await asyncio.gather(*(r.commit.remote(step) for r in self.ranks))
+        self.step = step
+        await asyncio.to_thread(self.checkpoints.prune, self.be.keep_checkpoints, self.be.best_metric)
+        return step, metrics, str(path)
+
+    # -- keeping replicas set up ----------------------------------------------------------
+
+    def _set_up(self, r: Replica) -> None:
+        """Set a replica up to serve the current step (after a start, a restart or a failed
+        load), then let it take traffic. Called from a thread."""
+        import ray
+
+        step = self.pool.current
+        files = self.checkpoints.files(step, ADAPTER_FILES) if step else None
+        try:
+            info = ray.get(r.actor.setup.remote(step, files), timeout=SETUP_TIMEOUT)
+        except (ray.exceptions.RayError, TimeoutError) as e:
+            log.warning("%s: replica %d could not be set up (%s)", self.spec.name, r.index, _cause(e))
+            with self.pool.lock:
+                r.ready = False
+            return
+        with self.pool.lock:
+            r.url, r.incarnation, r.steps = info["url"], info["incarnation"], set(info["steps"])
+            r.ready = self.pool.current in r.steps
+        log.info("%s: replica %d ready at %s, serving steps %s", self.spec.name, r.index, r.url, sorted(r.steps))
+
+    def _keep_set_up(self) -> None:
+        import ray
+
+        while not self._stop.wait(self.be.health_interval_s):
+            for r in self.pool.replicas:
+                if self._stop.is_set():
+                    return
+                try:
+                    info = ray.get(r.actor.info.remote(), timeout=30)
+                except (ray.exceptions.RayError, TimeoutError):
+                    with self.pool.lock:
+                        r.ready = False  # restarting, or gone
+                    continue
+                with self.pool.lock:
+                    whole = info["incarnation"] == r.incarnation and info["url"] and self.pool.current in info["steps"]
+                    if whole:  # (steps the router released stay released, whatever the replica still holds)
+                        r.steps &= set(info["steps"])
+                        r.ready = True
+                if not whole:
+                    self._set_up(r)
+
+    async def stop(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        self._stop.set()
+        if self._watch is not None:
+            await asyncio.to_thread(self._watch.join, 60)
+        for r in self.pool.replicas:
+            try:
+                await asyncio.wait_for(r.actor.close.remote(), 30)
+            except (ray.exceptions.RayError, asyncio.TimeoutError):
+                pass
+            ray.kill(r.actor, no_restart=True)
+        for r in self.ranks:
+            ray.kill(r, no_restart=True)
+        if self._placement is not None:
+            remove_placement_group(self._placement)
+            self._placement = None
+
+
+def _cause(e: Any) -> Any:
+    """The exception a Ray task raised (inside a RayTaskError), or ``e``."""
+    import ray
+
+    if isinstance(e, ray.exceptions.RayTaskError) and getattr(e, "cause", None) is not None:
+        return e.cause
+    return e

@@ -1,0 +1,152 @@
+"""A trainer rank: a Ray actor holding the model being trained (policy.py) and its share of
+every step. The ranks form one torch.distributed group (gloo on CPUs, NCCL on GPUs); each
+trains its share of each mini-batch's rows and the sums are taken over all of them
+(backends/local/shard.py), so every rank makes the step one process would make.
+
+A step is two-phase: ``train`` makes it and keeps a snapshot of the weights before it;
+``commit`` (once the checkpoint is written and the replicas serve it) lets the snapshot go,
+``rollback`` puts the weights back. A submission of a step a rank has already made answers
+with that step's figures instead of training again.
+"""
+
+from __future__ import annotations
+
+import socket
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Optional
+
+from artsdk.backend import TrainableModel
+
+
+class TrainerRank:
+    """One rank of the trainer group (wrapped with ``ray.remote`` by the backend)."""
+
+    def __init__(self, spec: dict[str, Any], rank: int, world: int, options: dict[str, Any]) -> None:
+        import torch
+
+        from backends.local import models
+        from backends.local.checkpoints import Checkpoints
+        from backends.local.policy import Policy
+        from backends.local.shard import Shard
+        from backends.local.trainer import TrainConfig
+
+        if options.get("threads"):
+            torch.set_num_threads(int(options["threads"]))
+        self.spec = TrainableModel(**spec)
+        self.rank, self.world = rank, world
+        self.shard = Shard(rank, world)
+        self.device = models.pick_device(options.get("device", "auto"))
+        dtype = models.pick_dtype(self.device, options.get("dtype"))
+        defaults = TrainConfig.build(TrainConfig(), options.get("train_defaults", {}))
+        self.train_config = TrainConfig.build(defaults, self.spec.config.get("train", {}))
+        cache = Path(options.get("cache") or Path.home() / ".cache" / "artsdk")
+        self.policy = Policy(self.spec, cache=cache, device=self.device, dtype=dtype, train_config=self.train_config)
+        self.checkpoints = Checkpoints(Path(tempfile.mkdtemp(prefix=f"artsdk-rank{rank}-")))
+        self.step = 0
+        self.made: dict[int, dict[str, float]] = {}  # the figures of the last steps made (for a duplicate)
+        self.pending: Optional[tuple[int, Any, dict[str, float]]] = None  # (step, snapshot, figures)
+
+    # -- the group -------------------------------------------------------------------------
+
+    def address(self) -> tuple[str, int]:
+        """Where the process group meets (asked of rank 0): this node and a free port."""
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ip, s.getsockname()[1]
+
+    def join(self, ip: str, port: int, timeout_s: float = 300.0) -> int:
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl" if self.device.startswith("cuda") else "gloo",
+                                init_method=f"tcp://{ip}:{port}", rank=self.rank, world_size=self.world,
+                                timeout=timedelta(seconds=timeout_s))
+        return self.rank
+
+    def load(self, step: int, files: dict[str, bytes]) -> int:
+        """Start from a checkpoint's files (the adapter, the optimizer, the trainer state)."""
+        self.checkpoints.write(step, files)
+        self.checkpoints.load(step, self.policy.model, self.policy.optimizer)
+        self.checkpoints.remove(step)
+        self.step, self.pending = step, None
+        return step
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def train(self, step: int, groups: list[Any], overrides: dict[str, Any]) -> dict[str, float]:
+        """Make ``step`` (a GRPO step on ``groups``); its figures. Nothing moves when there is
+        nothing to learn from (``tokens_trained`` 0)."""
+        from backends.local.trainer import TrainConfig, train_step
+
+        def run(cfg: TrainConfig) -> dict[str, float]:
+            return train_step(self.policy.model, self.policy.optimizer, groups, cfg, self.policy.tokenizing(self.step),
+                              device=self.device, reference=self.policy.model.disable_adapter, shard=self.shard)
+
+        return self._make(step, lambda: TrainConfig.build(self.train_config, overrides), run,
+                          lambda m: m["tokens_trained"] > 0)
+
+    def sft(self, step: int, trajectories: list[Any], overrides: dict[str, Any]) -> dict[str, float]:
+        """Make ``step`` a supervised one (backends/local/sft.py)."""
+        from backends.local.sft import SFTConfig, sft_step
+
+        def run(cfg: SFTConfig) -> dict[str, float]:
+            return sft_step(self.policy.model, self.policy.optimizer, trajectories, cfg,
+                            self.policy.tokenizing(self.step), device=self.device, shard=self.shard)
+
+        return self._make(step, lambda: SFTConfig.build(overrides, seed=self.train_config.seed), run, lambda m: True)
+
+    def _make(self, step: int, settings: Any, run: Any, moved: Any) -> dict[str, float]:
+        if step in self.made:  # submitted again (a retry): the step it already is
+            return self.made[step]
+        if self.pending is not None and self.pending[0] == step:
+            return self.pending[2]
+        if self.pending is not None or step != self.step + 1:
+            raise RuntimeError(f"trainer rank {self.rank} is at step {self.step}"
+                               + (f" with step {self.pending[0]} not yet committed" if self.pending else "")
+                               + f"; it cannot make step {step}")
+        from backends.local.trainer import _Snapshot
+
+        cfg = settings()
+        for g in self.policy.optimizer.param_groups:  # the step's own settings
+            g["lr"], g["weight_decay"] = cfg.learning_rate, cfg.weight_decay
+        params = [p for p in self.policy.model.parameters() if p.requires_grad]
+        snapshot = _Snapshot.take(params, self.policy.optimizer)
+        self.policy.model.set_adapter("policy")
+        metrics = run(cfg)
+        if moved(metrics):
+            self.pending = (step, snapshot, metrics)
+        return metrics
+
+    def checkpoint(self, step: int, state: dict[str, Any]) -> dict[str, bytes]:
+        """The files of the pending step's checkpoint (rank 0 is asked; the backend writes them)."""
+        if self.pending is None or self.pending[0] != step:
+            raise RuntimeError(f"trainer rank {self.rank} has no step {step} to checkpoint")
+        self.checkpoints.save(step, self.policy.model, self.policy.optimizer, state)
+        files = self.checkpoints.files(step)
+        self.checkpoints.remove(step)
+        return files
+
+    def commit(self, step: int) -> int:
+        if self.pending is not None and self.pending[0] == step:
+            self.made[step] = self.pending[2]
+            for old in sorted(self.made)[:-8]:
+                del self.made[old]
+            self.step, self.pending = step, None
+        return self.step
+
+    def rollback(self) -> int:
+        """Put the weights and the optimizer back as they were before the pending step."""
+        if self.pending is not None:
+            self.pending[1].restore(self.policy.optimizer)
+            self.pending = None
+        return self.step
+
+    def info(self) -> dict[str, Any]:
+        import os
+
+        return {"rank": self.rank, "step": self.step, "pid": os.getpid(),
+                "pending": self.pending[0] if self.pending else None}

@@ -1,0 +1,197 @@
+"""The ray backend on a Ray instance on this machine: two inference replicas and two trainer
+ranks run the whole loop through the session API; a rollout's calls stay on one replica,
+requests are pinned to their step, every replica serves a new step before the name moves to
+it; two ranks make the step one process makes; a step submitted again is not made twice; bad
+input is refused by name with nothing moved."""
+
+import asyncio
+import json
+
+import pytest
+import torch
+
+import artsdk as art
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.anyio
+
+TINY = "tiny"
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def backend(tmp_path, **options):
+    from backends.ray import RayBackend
+
+    return RayBackend(device="cpu", dtype="float32", home=str(tmp_path / "home"), health_interval_s=0.5,
+                      **{"replicas": 2, "trainers": 2, **options})
+
+
+def agent(client):
+    @art.rollout
+    async def talk(q: str) -> str:
+        first = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": q}], max_tokens=5)
+        said = first.choices[0].message.content
+        second = await client.chat.completions.create(
+            model="m", max_tokens=5, messages=[{"role": "user", "content": q}, {"role": "assistant", "content": said},
+                                               {"role": "user", "content": "and then?"}])
+        return second.choices[0].message.content
+
+    return talk
+
+
+@art.reward
+def first_token(t: art.Trajectory) -> float:  # differs within groups, so every step trains
+    return float(t.calls[0].choices[0].token_ids[0] % 5)
+
+
+def adapter_of(folder) -> torch.Tensor:
+    from safetensors.torch import load_file
+
+    weights = load_file(str(folder / "adapter_model.safetensors"))
+    return torch.cat([weights[k].flatten() for k in sorted(weights)])
+
+
+async def test_two_replicas_and_two_ranks_run_the_loop(ray_instance, tmp_path, art_store):
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url="http://127.0.0.1:1/v1", api_key="unused")
+    talk = agent(client)
+    be = backend(tmp_path)
+    model = art.TrainableModel("m", base_model=TINY, project="p")
+    try:
+        async with art.session(model, backend=be) as run:
+            for expected in (1, 2):
+                groups = await art.gather(talk, [f"question {i}" for i in range(6)], group_size=4, rewards=[first_token])
+                trajs = [t for g in groups for t in g]
+                assert all(t.error is None for t in trajs)
+                # every call pinned to the step that was newest when it was made
+                assert {c.served_by for t in trajs for c in t.calls} == {f"m@{expected - 1}"}
+                result = await run.train(groups)
+                assert result.trained and result.step == expected and result.metrics["updates"] >= 1
+            status = be.status()["m"]
+            pool = be.deployments["m"].pool
+    finally:
+        await be.close()
+        await client.close()
+    # both replicas answered, each serving the newest step, none failed
+    assert [r["ready"] for r in status["replicas"]] == [True, True] and status["step"] == 2
+    assert all(r["answered"] > 0 and r["failures"] == 0 and 2 in r["steps"] for r in status["replicas"])
+    # a rollout's two calls went to one replica (the header artsdk sends names the rollout)
+    by_rollout: dict[str, set[int]] = {}
+    for key, replica, _ in pool.recent:
+        by_rollout.setdefault(key, set()).add(replica)
+    assert len(by_rollout) == 2 * 6 * 4 and all(len(v) == 1 for v in by_rollout.values())
+    assert len({min(v) for v in by_rollout.values()}) == 2  # and the rollouts were spread over both
+    # the checkpoints are the driver's, whole; the store has the steps
+    assert be.checkpoint_steps(model) == [1, 2] and (be.checkpoint_dir(model, 2) / "optimizer.pt").is_file()
+    assert [s["step"] for s in art_store.steps("p", "m")] == [1, 2]
+
+
+async def test_two_ranks_train_what_one_local_process_trains(ray_instance, tmp_path):
+    """The same groups through the ray backend (2 ranks, several mini-batches and epochs) and the
+    local backend (one process): the same loss, gradient norm and adapter afterwards."""
+    from backends.local import LocalBackend
+    from tests.test_trust_region import batch
+
+    settings = {"minibatches": 3, "epochs": 2, "learning_rate": 1e-2, "loss": "grpo", "tokens_per_row": 48}
+    local = LocalBackend(device="cpu", dtype="float32", home=str(tmp_path / "local"))
+    model = art.TrainableModel("m", base_model=TINY, project="p", config={"train": settings})
+    await local.register(model)
+    groups = batch(local.models["m"], groups=4, size=4, length=7)
+    one = await local.train(model, groups)
+    start = local.models["m"].checkpoints.path(1)
+    ray_be = backend(tmp_path, replicas=1)
+    try:
+        await ray_be.register(model)
+        two = await ray_be.train(model, groups)
+    finally:
+        await ray_be.close()
+        await local.close()
+    assert one.step == two.step == 1 and two.metrics["rows"] >= 4
+    for k in ("loss", "grad_norm", "clip_fraction", "ratio_mean", "tokens_trained", "updates"):
+        assert two.metrics[k] == pytest.approx(one.metrics[k], rel=1e-4, abs=1e-6), k
+    a, b = adapter_of(start), adapter_of(ray_be.checkpoint_dir(model, 1))
+    base = adapter_of_initial(tmp_path)
+    moved = (a - base).abs()
+    assert moved.max() > 1e-3 and (a - b).abs().mean() < 1e-4 * moved.mean()
+
+
+def adapter_of_initial(tmp_path) -> torch.Tensor:
+    from backends.local.policy import Policy
+    from backends.local.trainer import TrainConfig
+    from pathlib import Path
+
+    policy = Policy(art.TrainableModel("m", base_model=TINY), cache=Path.home() / ".cache" / "artsdk", device="cpu",
+                    dtype=torch.float32, train_config=TrainConfig())
+    from peft import get_peft_model_state_dict
+
+    weights = get_peft_model_state_dict(policy.model, adapter_name="policy")
+    return torch.cat([weights[k].flatten() for k in sorted(weights)])
+
+
+async def test_a_step_submitted_again_is_not_made_twice_and_bad_input_moves_nothing(ray_instance, tmp_path):
+    from tests.test_trust_region import batch
+
+    be = backend(tmp_path, replicas=1)
+    model = art.TrainableModel("m", base_model=TINY, project="p", config={"train": {"learning_rate": 1e-2}})
+    try:
+        await be.register(model)
+        d = be.deployments["m"]
+        local_groups = batch(await _served_tiny(tmp_path), groups=2, size=4)
+        # the driver sends a step again (its answer was lost): each rank answers with the step it made
+        first = await asyncio.gather(*(r.train.remote(1, local_groups, {}) for r in d.ranks))
+        again = await asyncio.gather(*(r.train.remote(1, local_groups, {}) for r in d.ranks))
+        assert first == again
+        await d._commit(1, first[0])
+        once = adapter_of(be.checkpoint_dir(model, 1))
+        assert [await r.info.remote() for r in d.ranks][0]["step"] == 1
+        # and after the commit too: no second update
+        assert await d.ranks[0].train.remote(1, local_groups, {}) == first[0]
+        # a trajectory whose reward is not finite: refused by name on every rank, nothing moved
+        bad = batch(await _served_tiny(tmp_path), groups=1, size=2)
+        bad[0].trajectories[0].reward = float("nan")
+        with pytest.raises(art.TrajectoryError, match="rewards must be finite") as e:
+            await be.train(model, bad)
+        assert bad[0].trajectories[0].id in str(e.value)
+        with pytest.raises(art.BackendError, match="learning_rate"):
+            await be.train(model, local_groups, learning_rate=-1)
+        ok = await be.train(model, local_groups)
+        assert ok.step == 2 and await be.step(model) == 2
+        assert (adapter_of(be.checkpoint_dir(model, 2)) - once).abs().max() > 0
+    finally:
+        await be.close()
+
+
+_TINY: dict = {}
+
+
+async def _served_tiny(tmp_path):
+    """A tiny model's served form (its tokenizer and name), for making groups."""
+    if "m" not in _TINY:
+        from backends.local import LocalBackend
+
+        be = LocalBackend(device="cpu", dtype="float32", home=str(tmp_path / "tok"), http=False)
+        await be.register(art.TrainableModel("m", base_model=TINY))
+        _TINY["m"] = be.models["m"]
+    return _TINY["m"]
+
+
+def test_options_are_checked_by_name(tmp_path):
+    from backends.ray import RayBackend
+
+    with pytest.raises(art.BackendError, match="replicas must be a whole number >= 1"):
+        RayBackend(replicas=0)
+    with pytest.raises(art.BackendError, match="trainer_gpus must be a number >= 0"):
+        RayBackend(trainer_gpus=-1)
+    with pytest.raises(art.BackendError, match="placement 'EVERYWHERE'"):
+        RayBackend(placement="EVERYWHERE")
+    from artsdk.backend import available_backends
+
+    assert available_backends()["ray"] == "backends.ray:RayBackend"  # chosen by configuration: backend = "ray"
+    assert json.loads(json.dumps(RayBackend(replicas=2, replica_gpus=1).replica_shape))["num_gpus"] == 1

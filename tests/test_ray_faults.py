@@ -1,0 +1,129 @@
+"""The ray backend's faults, on a Ray cluster of several nodes on this machine
+(``ray.cluster_utils.Cluster``): a replica's node removed during rollouts (its calls go to the
+other replica; Ray restarts it on another node, where it loads the current adapter before it
+takes traffic), and a trainer rank killed during a step (the step is absent, and the run goes
+on from the last checkpoint)."""
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+import artsdk as art
+
+ray = pytest.importorskip("ray")
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"trainer_slot": 2}})
+    nodes = [c.add_node(num_cpus=1, resources={"replica_slot": 1}) for _ in range(2)]
+    ray.init(address=c.address, log_to_driver=False)
+    c.wait_for_nodes()
+    yield c, nodes
+    ray.shutdown()
+    c.shutdown()
+
+
+def backend(tmp_path, **options):
+    from backends.ray import RayBackend
+
+    return RayBackend(device="cpu", dtype="float32", home=str(tmp_path / "home"), health_interval_s=0.5,
+                      replica_resources={"replica_slot": 1}, trainer_resources={"trainer_slot": 1},
+                      **{"replicas": 2, "trainers": 1, **options})
+
+
+def agent(client):
+    @art.rollout
+    async def talk(q: str) -> str:
+        first = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": q}], max_tokens=8)
+        said = first.choices[0].message.content
+        second = await client.chat.completions.create(
+            model="m", max_tokens=8, messages=[{"role": "user", "content": q}, {"role": "assistant", "content": said},
+                                               {"role": "user", "content": "and then?"}])
+        return second.choices[0].message.content
+
+    return talk
+
+
+@art.reward
+def first_token(t: art.Trajectory) -> float:
+    return float(t.calls[0].choices[0].token_ids[0] % 5)
+
+
+async def wait_until(check, seconds=180.0):
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.5)
+
+
+async def test_a_replica_node_lost_during_rollouts(cluster, tmp_path):
+    from openai import AsyncOpenAI
+
+    c, nodes = cluster
+    client = AsyncOpenAI(base_url="http://127.0.0.1:1/v1", api_key="unused", max_retries=0)
+    talk = agent(client)
+    be = backend(tmp_path)
+    model = art.TrainableModel("m", base_model="tiny", project="p")
+    try:
+        async with art.session(model, backend=be) as run:
+            groups = await art.gather(talk, [f"warm {i}" for i in range(4)], group_size=4, rewards=[first_token])
+            assert (await run.train(groups)).step == 1
+            before = be.status()["m"]["replicas"]
+            # rollouts under way, then one replica's node goes; a fresh node can take its place
+            gathering = asyncio.ensure_future(art.gather(talk, [f"q {i}" for i in range(16)], group_size=4))
+            await asyncio.sleep(1.0)
+            c.remove_node(nodes[0])
+            nodes[0] = c.add_node(num_cpus=1, resources={"replica_slot": 1})
+            groups = await gathering
+            trajs = [t for g in groups for t in g]
+            assert [t.error for t in trajs if t.error is not None] == []  # every call answered (some retried)
+            assert {c.served_by for t in trajs for c in t.calls} == {"m@1"}
+            # Ray restarts the replica elsewhere; it is set up with step 1 before it takes traffic
+            await wait_until(lambda: all(r["ready"] for r in be.status()["m"]["replicas"]))
+            after = be.status()["m"]["replicas"]
+            restarted = [i for i in range(2) if after[i]["incarnation"] != before[i]["incarnation"]]
+            assert len(restarted) == 1 and 1 in after[restarted[0]]["steps"]
+            answered = after[restarted[0]]["answered"]
+            more = await art.gather(talk, [f"again {i}" for i in range(16)], group_size=2, rewards=[first_token])
+            assert all(t.error is None for g in more for t in g)
+            assert be.status()["m"]["replicas"][restarted[0]]["answered"] > answered  # and it takes traffic
+            assert (await run.train(more)).step == 2  # training goes on
+    finally:
+        await be.close()
+        await client.close()
+
+
+async def test_a_trainer_rank_killed_during_a_step(cluster, tmp_path):
+    from tests.test_ray import _served_tiny
+    from tests.test_trust_region import batch
+
+    be = backend(tmp_path, replicas=1, trainers=2)
+    model = art.TrainableModel("m", base_model="tiny", project="p",
+                               config={"train": {"learning_rate": 1e-2, "epochs": 8, "minibatches": 4}})
+    served = await _served_tiny(tmp_path)
+    small, large = batch(served, groups=2, size=4), batch(served, groups=16, size=8, length=40)
+    try:
+        await be.register(model)
+        assert (await be.train(model, small)).step == 1
+        d = be.deployments["m"]
+        pid = (await d.ranks[1].info.remote())["pid"]
+        step = asyncio.ensure_future(be.train(model, large))
+        await asyncio.sleep(2.0)
+        assert not step.done()  # the step is under way
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(art.BackendError, match=r"trainer rank 1 of .m. failed during step 2 \(The actor died[^\n]*\); the step was abandoned .* started again from step 1"):
+            await step
+        assert be.checkpoint_steps(model) == [1] and await be.step(model) == 1  # the step is absent
+        assert be.status()["m"]["routing_step"] == 1
+        # the ranks were started again from the checkpoint: the run goes on
+        assert [(await r.info.remote())["step"] for r in d.ranks] == [1, 1]
+        assert (await be.train(model, small)).step == 2 and be.checkpoint_steps(model) == [1, 2]
+    finally:
+        await be.close()
