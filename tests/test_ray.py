@@ -195,3 +195,112 @@ def test_options_are_checked_by_name(tmp_path):
 
     assert available_backends()["ray"] == "backends.ray:RayBackend"  # chosen by configuration: backend = "ray"
     assert json.loads(json.dumps(RayBackend(replicas=2, replica_gpus=1).replica_shape))["num_gpus"] == 1
+
+
+def test_the_skypilot_task_file_is_one_that_runs(tmp_path):
+    """deploy/skypilot.yaml (docs/scale.md): its backend options are the ray backend's, its
+    vLLM options parse, its extras exist, and its training command is the example's."""
+    import re
+    import shlex
+    import tomllib
+    from pathlib import Path
+
+    import yaml
+
+    from backends.local.vllm_engine import VLLMOptions
+    from backends.ray import RayBackend
+    from examples.email_agent.train import EXAMPLE
+    from examples.runner import load_config
+
+    root = Path(__file__).resolve().parent.parent
+    task = yaml.safe_load((root / "deploy" / "skypilot.yaml").read_text())
+    assert task["num_nodes"] >= 2 and "accelerators" in task["resources"]
+    assert task["envs"]["ARTSDK_BACKEND"] == "ray"
+    options = json.loads(task["envs"]["ARTSDK_BACKEND_OPTIONS"])
+    be = RayBackend(home=str(tmp_path), **options)  # checked as the driver checks them
+    assert be.replicas == options["replicas"] and be.trainers == options["trainers"] and be.address == "auto"
+    VLLMOptions.parse(options["vllm"])
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    wanted = re.search(r'pip install -e "\.\[([a-z,]+)\]"', task["setup"]).group(1).split(",")
+    assert set(wanted) <= set(extras)
+    command = next(line for line in task["run"].replace("\\\n", " ").splitlines() if "examples." in line)
+    args = shlex.split(command)
+    assert args[:3] == ["python", "-m", "examples.email_agent.train"]
+    cfg = load_config(EXAMPLE.config, args[3:])
+    assert cfg["base_model"].startswith("Qwen/") and cfg["warmup"] == 0 and cfg["steps"] > 10
+    assert "ray start --head" in task["run"] and 'ray start --address="$HEAD:6379"' in task["run"]
+
+
+async def test_a_replica_that_cannot_load_a_step_is_drained_not_served_stale(ray_instance, tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url="http://127.0.0.1:1/v1", api_key="unused")
+    talk = agent(client)
+    be = backend(tmp_path, trainers=1)
+    model = art.TrainableModel("m", base_model=TINY, project="p")
+    try:
+        async with art.session(model, backend=be) as run:
+            groups = await art.gather(talk, [f"q{i}" for i in range(4)], group_size=4, rewards=[first_token])
+            d = be.deployments["m"]
+            broken = d.pool.replicas[1]
+            folder = Path((await broken.actor.info.remote())["checkpoints"])
+            shutil.rmtree(folder)
+            folder.write_text("not a folder")  # replica 1 can no longer write a step's files
+            assert (await run.train(groups)).step == 1
+            status = be.status()["m"]["replicas"]
+            assert status[0]["ready"] and 1 in status[0]["steps"]
+            assert not status[1]["ready"] and 1 not in status[1]["steps"]  # drained
+            groups = await art.gather(talk, [f"r{i}" for i in range(8)], group_size=2, rewards=[first_token])
+            assert {c.served_by for g in groups for t in g for c in t.calls} == {"m@1"}  # none stale
+            assert be.status()["m"]["replicas"][1]["ready"] is False  # its set-up keeps failing: still out
+            folder.unlink()  # repaired: the health check sets it up with step 1 and lets it back in
+            deadline = asyncio.get_running_loop().time() + 60
+            while not be.status()["m"]["replicas"][1]["ready"]:
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.5)
+            assert 1 in be.status()["m"]["replicas"][1]["steps"]
+    finally:
+        await be.close()
+        await client.close()
+
+
+async def test_a_step_cancelled_while_the_ranks_train_is_absent(ray_instance, tmp_path):
+    """Ctrl-C (the caller cancelled) while the ranks train: no checkpoint, the name stays on the
+    last step, the ranks' weights are put back, and the next step is made from there."""
+    from tests.test_trust_region import batch
+
+    be = backend(tmp_path, replicas=1)
+    model = art.TrainableModel("m", base_model=TINY, project="p",
+                               config={"train": {"learning_rate": 1e-2, "epochs": 8, "minibatches": 4}})
+    served = await _served_tiny(tmp_path)
+    small, large = batch(served, groups=2, size=4), batch(served, groups=16, size=8, length=40)
+    try:
+        await be.register(model)
+        assert (await be.train(model, small)).step == 1
+        d = be.deployments["m"]
+        step = asyncio.ensure_future(be.train(model, large))
+        await asyncio.sleep(1.5)
+        assert not step.done()
+        step.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await step
+        assert be.checkpoint_steps(model) == [1] and await be.step(model) == 1
+        infos = [await r.info.remote() for r in d.ranks]
+        assert [(i["step"], i["pending"]) for i in infos] == [(1, None)] * 2  # the ranks put their weights back
+        # the weights were put back: training the small batch again gives what step 2 gives from step 1
+        again = await be.train(model, small)
+        assert again.step == 2
+        reference = backend(tmp_path / "ref", replicas=1)
+        ref_model = model.model_copy(update={"name": "m"})
+        try:
+            await reference.register(ref_model)
+            await reference.train(ref_model, small)
+            want = await reference.train(ref_model, small)
+        finally:
+            await reference.close()
+        assert again.metrics["loss"] == pytest.approx(want.metrics["loss"], rel=1e-5, abs=1e-7)
+    finally:
+        await be.close()

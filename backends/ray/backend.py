@@ -298,13 +298,14 @@ class Deployment:
         async with self._step_lock:
             step = self.step + 1
             ref = ray.put(data)
+            t0 = time.perf_counter()
             calls = [getattr(r, kind).remote(step, ref, config) for r in self.ranks]
             try:
                 results = await self._all(calls, step)
             except asyncio.CancelledError:  # Ctrl-C: the ranks put the weights back once done
                 await asyncio.shield(self._rollback())
                 raise
-            metrics = results[0]
+            metrics = {**results[0], "seconds_ranks": time.perf_counter() - t0}
             if kind == "train" and not metrics.get("tokens_trained"):
                 return self.step, metrics, None
             # from here the step completes even if the caller is cancelled: whole, not half
@@ -365,11 +366,15 @@ class Deployment:
         let the ranks drop their snapshot."""
         import ray
 
+        t0 = time.perf_counter()
         files = await self.ranks[0].checkpoint.remote(step, {"metrics": metrics, "model": self.spec.model_dump()})
         path = await asyncio.to_thread(self.checkpoints.write, step, files)
+        t1 = time.perf_counter()
         adapter = ray.put({k: v for k, v in files.items() if k in ADAPTER_FILES})
         ready = self.pool.ready()
         loaded = await asyncio.gather(*(r.actor.publish.remote(step, adapter) for r in ready), return_exceptions=True)
+        metrics.update(seconds_checkpoint=t1 - t0, seconds_publish=time.perf_counter() - t1,
+                       replicas_serving=float(sum(not isinstance(x, BaseException) for x in loaded)))
         with self.pool.lock:
             for r, result in zip(ready, loaded):
                 if isinstance(result, BaseException):  # drained; the watch sets it up again

@@ -45,7 +45,8 @@ class Replica:
         """Who this is and what it serves (the backend's health check)."""
         served = self._served()
         return {"incarnation": self.incarnation, "url": self.url, "pid": os.getpid(), "node": socket.gethostname(),
-                "step": served.step if served else None, "steps": sorted(served.serving) if served else []}
+                "step": served.step if served else None, "steps": sorted(served.serving) if served else [],
+                "checkpoints": str(served.checkpoints.folder) if served else None}
 
     async def setup(self, step: int, files: Optional[dict[str, bytes]]) -> dict[str, Any]:
         """Load the model and start the server (once), and serve ``step`` from its adapter
