@@ -335,7 +335,7 @@ def example_section(key: str, r: dict | None) -> list[str]:
     cfg = r["config"]
     seeds = ", ".join(str(x["seed"]) for x in runs)
     grpo = cfg["steps"]
-    knobs = {k: cfg[k] for k in ("turns", "size", "opponent", "warmup") if k in cfg}
+    knobs = {k: cfg[k] for k in ("turns", "size", "opponent", "temperature", "warmup") if k in cfg}
     out += [f"On the CPU ({r['machine']}): {grpo} GRPO steps of {cfg['scenarios_per_step']} scenarios x "
             f"{cfg['group_size']} rollouts"
             + (f" after a supervised warm-up on {cfg['warmup']} of the scripted baseline's conversations"

@@ -16,7 +16,7 @@ import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import artsdk as art
 
@@ -55,15 +55,21 @@ async def evaluate(rollout: art.Rollout, scenarios: list[Any], rewards: list[Any
     """(mean reward, share of scenarios that ``success`` counts as solved, the trajectories) on
     held-out scenarios. A rollout that takes a ``temperature`` answers greedily here, so before
     and after compare the model's best answers, not samples."""
-    if "temperature" in rollout.signature.parameters:
-        scenarios = [art.Args(*s.args, **{**s.kwargs, "temperature": 0.0}) if isinstance(s, art.Args)
-                     else art.Args(s, temperature=0.0) for s in scenarios]
-    groups = await art.gather(rollout, scenarios, group_size=1, rewards=rewards)
+    groups = await art.gather(rollout, at_temperature(rollout, scenarios, 0.0), group_size=1, rewards=rewards)
     trajs = [t for g in groups for t in g]
     scored = [t.reward for t in trajs if t.reward is not None]
     mean = sum(scored) / len(scored) if scored else float("nan")
     rate = sum(1 for t in trajs if t.error is None and success(t)) / len(trajs) if success and trajs else None
     return mean, rate, trajs
+
+
+def at_temperature(rollout: art.Rollout, scenarios: list[Any], temperature: Optional[float]) -> list[Any]:
+    """The scenarios, each asking a rollout that takes a ``temperature`` to sample at this one
+    (None: the rollout's own default)."""
+    if temperature is None or "temperature" not in rollout.signature.parameters:
+        return scenarios
+    return [art.Args(*s.args, **{**s.kwargs, "temperature": temperature}) if isinstance(s, art.Args)
+            else art.Args(s, temperature=temperature) for s in scenarios]
 
 
 def show(label: str, trajs: list[art.Trajectory], n: int = 3) -> None:
@@ -124,8 +130,9 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
             seed = start + i + 1000 * cfg.get("seed", 0)
             print(f"step {run.step + 1}: gathering {cfg['scenarios_per_step']} x {cfg['group_size']} rollouts...",
                   flush=True)
-            groups = await art.gather(rollout, make_scenarios(cfg["scenarios_per_step"], seed, cfg),
-                                      group_size=cfg["group_size"], rewards=rewards)
+            scenarios = at_temperature(rollout, make_scenarios(cfg["scenarios_per_step"], seed, cfg),
+                                       cfg.get("temperature"))  # the config's sampling temperature, if it sets one
+            groups = await art.gather(rollout, scenarios, group_size=cfg["group_size"], rewards=rewards)
             mean = sum(t.reward for g in groups for t in g.scored) / max(1, sum(len(g.scored) for g in groups))
             label = run.step + 1
             result = await run.train(groups)
