@@ -38,7 +38,7 @@ class SFTConfig:
     batch_size: int = 2  # examples (trajectories) per optimizer step
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
-    tokens_per_row: Optional[int] = None  # as for GRPO: 512 on the CPU, 4096 on a GPU
+    tokens_per_row: Optional[int] = None  # as for GRPO: 256 on the CPU, 4096 on a GPU
     gradient_checkpointing: bool = False
     seed: int = 0
 
@@ -99,7 +99,7 @@ def sft_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequenc
         for s in segs:
             s.trajectory = i
         per_example.append(segs)
-    budget = cfg.tokens_per_row or (4096 if device.startswith("cuda") else 512)
+    budget = cfg.tokens_per_row or (4096 if device.startswith("cuda") else 256)
     batches: list[list[Row]] = []
     for members in minibatches(len(examples), math.ceil(len(examples) / cfg.batch_size), cfg.seed):
         weigh([per_example[i] for i in members], "token", 1)

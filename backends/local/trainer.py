@@ -70,7 +70,7 @@ class TrainConfig:
     beta: float = 0.0  # KL to the base model (adapter disabled); off by default
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
-    # token budget of one packed row (one forward/backward); None: 512 on the CPU, 4096 on a GPU.
+    # token budget of one packed row (one forward/backward); None: 256 on the CPU, 4096 on a GPU.
     # Attention runs per segment, so small rows cost little speed and bound memory
     tokens_per_row: Optional[int] = None
     max_completion_tokens: int = 1024  # dr_grpo's constant normaliser
@@ -254,7 +254,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
         metrics.update(zero, seconds=time.perf_counter() - t0)
         return metrics
 
-    budget = cfg.tokens_per_row or (4096 if device.startswith("cuda") else 512)
+    budget = cfg.tokens_per_row or (4096 if device.startswith("cuda") else 256)
     batches: list[list[Row]] = []
     for members in minibatches(len(scored), cfg.minibatches, cfg.seed + tk.step):
         weigh([per_traj[i] for i in members], norm, cfg.max_completion_tokens)
