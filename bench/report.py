@@ -335,12 +335,20 @@ def _pct(values: list) -> str:
     return "-" if not values else " / ".join(f"{v:.0%}" for v in values)
 
 
+def _seed_command(key: str, command: str) -> str:
+    """A seed's command as a user runs it from any folder (the venv's artsdk), seed N."""
+    import re
+
+    args = re.sub(r" --seed \d+", " --seed N", command.replace(f"python -m examples.{key}.train", "", 1))
+    return f".venv/bin/artsdk train examples/{key}{args}"
+
+
 def example_section(key: str, r: dict | None) -> list[str]:
     title, what, solved, rewards, gpu = EXAMPLES[key]
     out = [f"## {title}", "", what, "", f"Reward: {rewards}. Solved: {solved}.", ""]
     runs = (r or {}).get("runs") or []
     if not runs:
-        return out + [f"Not measured yet: `python -m bench.examples {key}`.", ""]
+        return out + [f"Not measured yet: `.venv/bin/python -m bench.examples {key}`.", ""]
     cfg = r["config"]
     seeds = ", ".join(str(x["seed"]) for x in runs)
     grpo = cfg["steps"]
@@ -367,8 +375,9 @@ def example_section(key: str, r: dict | None) -> list[str]:
     gains = [x["after"] - x["before"] for x in runs]
     out += ["", f"Held-out gain: {', '.join(f'{g:+.3f}' for g in gains)} (seeds {seeds}).", "",
             f"![{title}: reward by step](img/example_{key}.png)", "",
-            f"Reproduce: `{r['command']}` (each seed is `{runs[0]['command'].replace(' --seed 0', ' --seed N')}` "
-            "in an empty folder).", "",
+            f"Reproduce, in the clone: `.venv/bin/{r['command']}`. Each seed is "
+            f"`{_seed_command(key, runs[0]['command'])}`, which the benchmark runs in an empty folder of its own "
+            "(its own store and checkpoints).", "",
             "On a GPU (a recipe, not yet run here): in the example's config.toml,", "", "```toml", gpu, "```", ""]
     return out
 
@@ -376,7 +385,9 @@ def example_section(key: str, r: dict | None) -> list[str]:
 def examples_page() -> None:
     lines = ["# Examples: do they learn?", "",
              "Each example is plain agent code (`examples/<name>/agent.py`) with its rewards, trained by",
-             "`python -m examples.<name>.train` from its `config.toml`. Below, each one trained from the",
+             "`.venv/bin/artsdk train examples/<name>` (or `make ttt`, `make 2048`, `make clue`, `make email`,",
+             "`make reviews`; in the activated venv, `python -m examples.<name>.train`) from its `config.toml`.",
+             "Below, each one trained from the",
              "embedded SmolLM2-135M-Instruct on the CPU, from scratch on two seeds, within a budget a user",
              "waits for; the same held-out scenarios (never trained on) are answered greedily before, after",
              "any warm-up, and at the end, and set beside simple baselines scored by the same rewards.",
