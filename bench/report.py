@@ -216,6 +216,27 @@ def section_learning(rs: list[dict]) -> list[str]:
     return out + [""]
 
 
+def section_scale(rs: list[dict]) -> list[str]:
+    r = rs[0]
+    out = ["## Past one machine: the ray backend", "",
+           f"`python -m bench.scale`: {r['model'].split('/')[-1]} on a Ray instance on this machine "
+           f"({r['cpus']} cores, shared by every replica and rank: the cost of the machinery, not the gain of more "
+           f"machines), beside the local backend in the same run. Rollouts: {r['concurrent']} concurrent requests of "
+           f"{r['tokens']} tokens. A step: 8 groups x 8 trajectories. Parity: the first step trains the same groups "
+           "from the same start as the local backend.", "",
+           "| replicas, ranks | tokens/s (local: {:.0f}) | step | ranks | checkpoint to the driver | loading it on the "
+           "replicas | loss vs local | grad norm vs local | gather+train loop: rollouts / training / other |".format(
+               r["local_tokens_per_s"]),
+           "|---|---|---|---|---|---|---|---|---|"]
+    for x in r["runs"]:
+        out.append(f"| {x['replicas']}, {x['trainers']} | {x['tokens_per_s']:.0f} ({x['tokens_per_s'] / r['local_tokens_per_s']:.2f}x) "
+                   f"| {x['step_seconds']:.1f} s | {x['ranks_seconds']:.1f} s | {x['checkpoint_seconds']:.2f} s | "
+                   f"{x['publish_seconds']:.2f} s | {x['loss_vs_local']:.1e} | {x['grad_norm_vs_local']:.1e} | "
+                   f"{x['loop_rollout_seconds']:.1f} / {x['loop_train_seconds']:.1f} / {x['loop_other_seconds']:.1f} s |")
+    return out + ["", "The local backend's loss and gradient norm on those groups: "
+                      f"{r['local_loss']:+.5f}, {r['local_grad_norm']:.4f}.", ""]
+
+
 def section_viewer(rs: list[dict]) -> list[str]:
     r = rs[0]
     small, large = str(r["small"]), str(r["large"])
@@ -275,6 +296,7 @@ SECTIONS = [
     (("remote_overhead_tiny", "remote_overhead"), section_remote),
     (("memory",), section_memory),
     (("learning",), section_learning),
+    (("scale",), section_scale),
     (("viewer",), section_viewer),
 ]
 

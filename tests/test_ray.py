@@ -76,6 +76,15 @@ async def test_two_replicas_and_two_ranks_run_the_loop(ray_instance, tmp_path, a
                 assert result.trained and result.step == expected and result.metrics["updates"] >= 1
             status = be.status()["m"]
             pool = be.deployments["m"].pool
+            # a Responses API continuation goes to the replica that keeps the response it continues
+            raw = AsyncOpenAI(base_url=run.endpoint.base_url, api_key=run.endpoint.api_key, max_retries=0)
+            firsts = await asyncio.gather(*(raw.responses.create(model="m", input=f"topic {i}", max_output_tokens=3)
+                                            for i in range(8)))
+            owners = {pool.owners[r.id] for r in firsts}
+            seconds = await asyncio.gather(*(raw.responses.create(model="m", input="go on", previous_response_id=r.id,
+                                                                  max_output_tokens=3) for r in firsts))
+            assert owners == {0, 1} and all(r.model == "m@2" for r in seconds)
+            await raw.close()
     finally:
         await be.close()
         await client.close()
@@ -85,7 +94,8 @@ async def test_two_replicas_and_two_ranks_run_the_loop(ray_instance, tmp_path, a
     # a rollout's two calls went to one replica (the header artsdk sends names the rollout)
     by_rollout: dict[str, set[int]] = {}
     for key, replica, _ in pool.recent:
-        by_rollout.setdefault(key, set()).add(replica)
+        if len(key) == 32 and key.isalnum():  # a rollout's id (the Responses calls above are keyed by their input)
+            by_rollout.setdefault(key, set()).add(replica)
     assert len(by_rollout) == 2 * 6 * 4 and all(len(v) == 1 for v in by_rollout.values())
     assert len({min(v) for v in by_rollout.values()}) == 2  # and the rollouts were spread over both
     # the checkpoints are the driver's, whole; the store has the steps
