@@ -72,7 +72,9 @@ def test_train_runs_an_example_folder(tmp_path):
                           "--base-model", "tiny", "--eval-games", "1", "--scenarios-per-step", "1",
                           "--group-size", "2"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "step 1: reward" in out.stdout and "eval after 1 steps" in out.stdout
+    # the example warms up first (step 1, supervised), then takes its one GRPO step
+    assert "step 1 (warm-up)" in out.stdout and "step 2: reward" in out.stdout, out.stdout[-2000:]
+    assert "eval after 2 steps" in out.stdout
     code, _, err = run("train", "nowhere", cwd=tmp_path)
     assert code == 2 and "has no train.py" in err
 
