@@ -82,6 +82,9 @@ class ScriptedBackend:
         return art.TrainResult(step=step, metrics={"loss": 0.5 / step}, checkpoint=f"ckpt/{step}",
                                groups_trained=len(groups) - silent, groups_skipped=silent)
 
+    async def train_sft(self, model, trajectories, **config):
+        return await self.train(model, [], **config)
+
     async def step(self, model):
         return len(self.trained)
 

@@ -111,7 +111,7 @@ def test_each_loss_matches_trl(tiny_folder, tmp_path, case):
     metrics = train_step(model, opt, groups, cfg, tk, "cpu", reference=Base())
     assert metrics["updates"] == 2 and len(opt.seen) == 2
     if case in ("grpo", "dapo"):
-        assert metrics["updates/2/clip_fraction"] > 0  # the comparison covers clipped tokens
+        assert metrics["update/2/clip_fraction"] > 0  # the comparison covers clipped tokens
 
     # TRL: a real GRPOTrainer, its _compute_loss on each mini-batch at the weights that update started from
     config = GRPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, bf16=False, report_to=[],
@@ -151,7 +151,7 @@ def test_each_loss_matches_trl(tiny_folder, tmp_path, case):
         loss.backward()
         theirs = torch.cat([p.grad.flatten() for p in model.parameters()])
         mine = torch.cat([gr.flatten() for gr in grads])
-        assert metrics[f"updates/{update + 1}/loss"] == pytest.approx(float(loss), rel=1e-4, abs=1e-7), update
+        assert metrics[f"update/{update + 1}/loss"] == pytest.approx(float(loss), rel=1e-4, abs=1e-7), update
         scale = float(theirs.abs().max())
         assert torch.allclose(mine, theirs, rtol=1e-3, atol=1e-5 * scale), (update, float((mine - theirs).abs().max()), scale)
         assert math.isfinite(float(loss))

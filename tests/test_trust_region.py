@@ -63,10 +63,10 @@ async def test_later_minibatches_are_clipped_and_the_clip_range_changes_what_is_
     m, _ = results[1e-3]
     assert m["updates"] == 4
     # the old policy is the weights before the first update: its ratio is 1 and nothing is clipped there
-    assert m["updates/1/ratio_mean"] == pytest.approx(1.0, abs=1e-5) and m["updates/1/clip_fraction"] == 0.0
-    later = [m[f"updates/{i}/clip_fraction"] for i in (2, 3, 4)]
+    assert m["update/1/ratio_mean"] == pytest.approx(1.0, abs=1e-5) and m["update/1/clip_fraction"] == 0.0
+    later = [m[f"update/{i}/clip_fraction"] for i in (2, 3, 4)]
     assert max(later) > 0.2, later  # the ratio moved, and the squeezed range clipped it
-    assert any(abs(m[f"updates/{i}/ratio_mean"] - 1) > 1e-3 for i in (2, 3, 4))
+    assert any(abs(m[f"update/{i}/ratio_mean"] - 1) > 1e-3 for i in (2, 3, 4))
     assert 0 < m["clip_fraction"] < 1
     # what is trained depends on the clip range (with one update per batch it could not)
     tight, usual, loose = (results[e][1] for e in (1e-3, 0.2, 1e9))
@@ -90,7 +90,7 @@ async def test_epochs_pass_over_the_batch_again(tmp_path):
     be, model, served = await tiny(tmp_path, "ep", loss="dapo", learning_rate=1e-2, minibatches=2, epochs=3)
     m = (await be.train(model, batch(served))).metrics
     assert m["updates"] == 6 and m["tokens_trained"] == 4 * 4 * 6  # counted once, not per epoch
-    assert abs(m["updates/6/ratio_mean"] - 1) > abs(m["updates/1/ratio_mean"] - 1)
+    assert abs(m["update/6/ratio_mean"] - 1) > abs(m["update/1/ratio_mean"] - 1)
     await be.close()
 
 

@@ -53,7 +53,7 @@ LOSSES = {
     "gspo": (3e-4, 4e-4, "sequence"),
     "cispo": (1.0, 4.0, "token"),
 }
-PER_UPDATE = 64  # updates whose own figures are reported (updates/<i>/...)
+PER_UPDATE = 64  # updates whose own figures are reported (update/<i>/...)
 
 
 @dataclass
@@ -313,10 +313,10 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
                     sums["grad_norm"] += float(grad_norm)
                     if update <= PER_UPDATE and len(batches) * cfg.epochs > 1:
                         n = max(figures["tokens"], 1)
-                        metrics.update({f"updates/{update}/loss": figures["loss"],
-                                        f"updates/{update}/clip_fraction": figures["clipped"] / n,
-                                        f"updates/{update}/ratio_mean": figures["ratio"] / n,
-                                        f"updates/{update}/grad_norm": float(grad_norm)})
+                        metrics.update({f"update/{update}/loss": figures["loss"],
+                                        f"update/{update}/clip_fraction": figures["clipped"] / n,
+                                        f"update/{update}/ratio_mean": figures["ratio"] / n,
+                                        f"update/{update}/grad_norm": float(grad_norm)})
     except BaseException:
         snapshot.restore(optimizer)  # a step is whole or absent
         raise

@@ -373,8 +373,8 @@ class Deployment:
         adapter = ray.put({k: v for k, v in files.items() if k in ADAPTER_FILES})
         ready = self.pool.ready()
         loaded = await asyncio.gather(*(r.actor.publish.remote(step, adapter) for r in ready), return_exceptions=True)
-        metrics.update(seconds_checkpoint=t1 - t0, seconds_publish=time.perf_counter() - t1,
-                       replicas_serving=float(sum(not isinstance(x, BaseException) for x in loaded)))
+        metrics = {**metrics, "seconds_checkpoint": t1 - t0, "seconds_publish": time.perf_counter() - t1,
+                   "replicas_serving": float(sum(not isinstance(x, BaseException) for x in loaded))}
         with self.pool.lock:
             for r, result in zip(ready, loaded):
                 if isinstance(result, BaseException):  # drained; the watch sets it up again
