@@ -234,7 +234,9 @@ def section_scale(rs: list[dict]) -> list[str]:
                    f"{x['publish_seconds']:.2f} s | {x['loss_vs_local']:.1e} | {x['grad_norm_vs_local']:.1e} | "
                    f"{x['loop_rollout_seconds']:.1f} / {x['loop_train_seconds']:.1f} / {x['loop_other_seconds']:.1f} s |")
     return out + ["", "The local backend's loss and gradient norm on those groups: "
-                      f"{r['local_loss']:+.5f}, {r['local_grad_norm']:.4f}.", ""]
+                      f"{r['local_loss']:+.5f}, {r['local_grad_norm']:.4f}. Each replica and rank runs as many "
+                      "threads as the cores it asks Ray for (`replica_cpus`, `trainer_cpus`; 1 here): one rank trains "
+                      "on one core where the local backend uses every core, two ranks on two.", ""]
 
 
 def section_viewer(rs: list[dict]) -> list[str]:
