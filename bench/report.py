@@ -386,6 +386,7 @@ def example_section(key: str, r: dict | None) -> list[str]:
                if set(knobs) - {"warmup"} else "")
             + f". Seeds {seeds}; a run took {sum(x['seconds'] for x in runs) / len(runs) / 60:.0f} minutes on "
               f"average (at most {max(x['seconds'] for x in runs) / 60:.0f}), evaluations included.", "",
+            *([r["note"], ""] if r.get("note") else []),
             "| held out | mean reward (seeds " + seeds + ") | solved |", "|---|---|---|",
             f"| {r['base_model'].split('/')[-1]}, untrained | {_spread([x['before'] for x in runs])} | "
             f"{_pct([x.get('solved_before') for x in runs])} |"]
@@ -396,8 +397,10 @@ def example_section(key: str, r: dict | None) -> list[str]:
                f"**{_spread([x['after'] for x in runs])}** | {_pct([x.get('solved_after') for x in runs])} |")
     for label, b in r.get("baselines", {}).items():
         out.append(f"| {label} | {b['reward']:.3f} | {_pct([b.get('solved')])} |")
-    gains = [x["after"] - x["before"] for x in runs]
-    out += ["", f"Held-out gain: {', '.join(f'{g:+.3f}' for g in gains)} (seeds {seeds}).", "",
+    gains = [f"{x['after'] - x['before']:+.3f}" + (f" ({x['after_warmup'] - x['before']:+.3f} from the warm-up, "
+                                                   f"{x['after'] - x['after_warmup']:+.3f} from GRPO)"
+                                                   if x.get("after_warmup") is not None else "") for x in runs]
+    out += ["", f"Held-out gain: {', '.join(gains)} (seeds {seeds}).", "",
             f"![{title}: reward by step](img/example_{key}.png)", "",
             f"Reproduce, in the clone: `.venv/bin/{r['command']}`. Each seed is "
             f"`{_seed_command(key, runs[0]['command'])}`, which the benchmark runs in an empty folder of its own "
