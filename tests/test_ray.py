@@ -6,6 +6,8 @@ input is refused by name with nothing moved."""
 
 import asyncio
 import json
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,9 +59,15 @@ def adapter_of(folder) -> torch.Tensor:
     return torch.cat([weights[k].flatten() for k in sorted(weights)])
 
 
+def scratch() -> set[str]:
+    """The replicas' and ranks' scratch folders on this machine."""
+    return {p.name for p in Path(tempfile.gettempdir()).glob("artsdk-r*") if p.name.startswith(("artsdk-replica-", "artsdk-rank"))}
+
+
 async def test_two_replicas_and_two_ranks_run_the_loop(ray_instance, tmp_path, art_store):
     from openai import AsyncOpenAI
 
+    before = scratch()
     client = AsyncOpenAI(base_url="http://127.0.0.1:1/v1", api_key="unused")
     talk = agent(client)
     be = backend(tmp_path)
@@ -88,6 +96,7 @@ async def test_two_replicas_and_two_ranks_run_the_loop(ray_instance, tmp_path, a
     finally:
         await be.close()
         await client.close()
+    assert scratch() <= before  # the replicas and ranks removed their folders
     # both replicas answered, each serving the newest step, none failed
     assert [r["ready"] for r in status["replicas"]] == [True, True] and status["step"] == 2
     assert all(r["answered"] > 0 and r["failures"] == 0 and 2 in r["steps"] for r in status["replicas"])

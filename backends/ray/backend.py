@@ -346,12 +346,17 @@ class Deployment:
                            f"from step {self.step}: train again to go on")
 
     async def _restart_trainers(self) -> None:
+        await self._end_ranks()
+        await self.start_trainers()
+
+    async def _end_ranks(self) -> None:
+        """Let each rank that still answers remove its scratch folder, then end them all."""
         import ray
 
+        await asyncio.gather(*(asyncio.wait_for(r.close.remote(), 30) for r in self.ranks), return_exceptions=True)
         for r in self.ranks:
             ray.kill(r, no_restart=True)
         self.ranks = []
-        await self.start_trainers()
 
     async def _rollback(self) -> None:
         import ray
@@ -444,8 +449,7 @@ class Deployment:
             except (ray.exceptions.RayError, asyncio.TimeoutError):
                 pass
             ray.kill(r.actor, no_restart=True)
-        for r in self.ranks:
-            ray.kill(r, no_restart=True)
+        await self._end_ranks()
         if self._placement is not None:
             remove_placement_group(self._placement)
             self._placement = None

@@ -10,6 +10,7 @@ backend sets it up again -- the server, the current adapter -- before sending it
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import tempfile
 import uuid
@@ -99,5 +100,8 @@ class Replica:
         return self.backend.models.get(self.spec.name) if self.backend is not None else None
 
     async def close(self) -> None:
+        """Stop the server and remove this replica's folder (its copies of the adapters)."""
         if self.backend is not None:
             await self.backend.close()
+            self.backend = None
+        shutil.rmtree(self.home, ignore_errors=True)

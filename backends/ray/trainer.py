@@ -11,6 +11,7 @@ with that step's figures instead of training again.
 
 from __future__ import annotations
 
+import shutil
 import socket
 import tempfile
 from datetime import timedelta
@@ -144,6 +145,10 @@ class TrainerRank:
             self.pending[1].restore(self.policy.optimizer)
             self.pending = None
         return self.step
+
+    def close(self) -> None:
+        """Remove this rank's scratch folder (the backend asks before it ends the actor)."""
+        shutil.rmtree(self.checkpoints.folder, ignore_errors=True)
 
     def info(self) -> dict[str, Any]:
         import os
