@@ -153,17 +153,18 @@ def run(name: str, seeds: list[int], options: list[str], url: str | None, model:
                             "baselines": old.get("baselines", {}), "machine": f"{os.cpu_count()} CPU cores, "
                             f"{platform.machine()}"}
     kept = [r for r in old.get("runs", []) if r["seed"] not in seeds]
-    if seeds:  # runs of other seeds are kept when they trained with the same settings
-        runs = [train_seed(name, s, options) for s in seeds]
+    runs: list[dict[str, Any]] = []
+    for seed in seeds:  # saved after each seed: a benchmark cut short keeps the seeds it finished
+        runs.append(train_seed(name, seed, options))
         same = lambda r: _settings(r["config"]) == _settings(runs[0]["config"])  # noqa: E731
         data["runs"] = sorted([r for r in kept if same(r)] + runs, key=lambda r: r["seed"])
         data["config"] = runs[0]["config"]
         data["command"] = f"python -m bench.examples {name} --seeds {' '.join(str(r['seed']) for r in data['runs'])}" \
                           + "".join(f" {o}" for o in options)
-    elif old:
-        data.update({k: old[k] for k in ("runs", "config", "command") if k in old})
-    if data["runs"]:
         data["budget_seconds"] = max(r["seconds"] for r in data["runs"])
+        save_result(f"example_{name}", data)
+    if not seeds and old:
+        data.update({k: old[k] for k in ("runs", "config", "command", "budget_seconds", "note") if k in old})
     data["baselines"].update(asyncio.run(baselines(example, cfg)))
     if url:
         data["baselines"][f"{model} (by URL)"] = asyncio.run(by_url(example, cfg, url, model or "default", key))
