@@ -61,7 +61,8 @@ def adapter_of(folder) -> torch.Tensor:
 
 def scratch() -> set[str]:
     """The replicas' and ranks' scratch folders on this machine."""
-    return {p.name for p in Path(tempfile.gettempdir()).glob("artsdk-r*") if p.name.startswith(("artsdk-replica-", "artsdk-rank"))}
+    names = (p.name for p in Path(tempfile.gettempdir()).glob("artsdk-r*"))
+    return {n for n in names if n.startswith(("artsdk-replica-", "artsdk-rank"))}
 
 
 async def test_two_replicas_and_two_ranks_run_the_loop(ray_instance, tmp_path, art_store):
