@@ -12,6 +12,7 @@ import time
 import pytest
 
 import artsdk as art
+from tests.test_ray import agent, first_token
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(900)]
@@ -38,24 +39,6 @@ def backend(tmp_path, **options):
                       **{"replicas": 2, "trainers": 1, **options})
 
 
-def agent(client):
-    @art.rollout
-    async def talk(q: str) -> str:
-        first = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": q}], max_tokens=8)
-        said = first.choices[0].message.content
-        second = await client.chat.completions.create(
-            model="m", max_tokens=8, messages=[{"role": "user", "content": q}, {"role": "assistant", "content": said},
-                                               {"role": "user", "content": "and then?"}])
-        return second.choices[0].message.content
-
-    return talk
-
-
-@art.reward
-def first_token(t: art.Trajectory) -> float:
-    return float(t.calls[0].choices[0].token_ids[0] % 5)
-
-
 async def wait_until(check, seconds=180.0):
     deadline = time.monotonic() + seconds
     while not check():
@@ -68,7 +51,7 @@ async def test_a_replica_node_lost_during_rollouts(cluster, tmp_path):
 
     c, nodes = cluster
     client = AsyncOpenAI(base_url="http://127.0.0.1:1/v1", api_key="unused", max_retries=0)
-    talk = agent(client)
+    talk = agent(client, max_tokens=8)
     be = backend(tmp_path)
     model = art.TrainableModel("m", base_model="tiny", project="p")
     try:
