@@ -359,3 +359,5 @@ async def test_example_baselines_and_a_model_by_url():
         temperatures = {r["body"]["temperature"] for r in server.app.state.requests}
     assert row["failed"] == 0 and row["scenarios"] == cfg["eval_games"] and models == {"some-model"}
     assert temperatures == {0.0} and row["reward"] >= 0  # every move legal: no -0.5
+    # a model playing the first free cell scores what the scripted first-free player scores
+    assert row["reward"] == pytest.approx(rows["first free cell (scripted)"]["reward"])

@@ -1,6 +1,7 @@
 """Simple players to judge the trained model against, on the same games and rewards: one that
-plays a random free cell, and a scripted one that wins when it can, blocks when it must, and
-otherwise takes the centre, a corner, or any cell."""
+plays a random free cell, one that always plays the first free cell (A1, A2, ... in reading
+order), and a scripted one that wins when it can, blocks when it must, and otherwise takes the
+centre, a corner, or any cell."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4
 
 def random_cell(game: Game, rng: random.Random) -> str:
     return rng.choice(game.free())
+
+
+def first_free(game: Game, rng: random.Random) -> str:
+    return game.free()[0]
 
 
 def win_block_centre(game: Game, rng: random.Random) -> str:
@@ -44,4 +49,5 @@ def play_with(policy: Callable[[Game, random.Random], str], game: Game) -> dict:
     return {"winner": game.winner(), "invalid": None, "moves": moves}
 
 
-BASELINES = {"random legal move": random_cell, "win, block, centre (scripted)": win_block_centre}
+BASELINES = {"random legal move": random_cell, "first free cell (scripted)": first_free,
+             "win, block, centre (scripted)": win_block_centre}
