@@ -38,12 +38,12 @@ def agent(client, max_tokens: int = 5):
     """A two-call rollout (the second call continues the first), shared with test_ray_faults."""
     @art.rollout
     async def talk(q: str) -> str:
-        first = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": q}],
-                                                     max_tokens=max_tokens)
+        asked = [{"role": "user", "content": q}]
+        first = await client.chat.completions.create(model="m", messages=asked, max_tokens=max_tokens)
         said = first.choices[0].message.content
         second = await client.chat.completions.create(
-            model="m", max_tokens=max_tokens, messages=[{"role": "user", "content": q}, {"role": "assistant", "content": said},
-                                               {"role": "user", "content": "and then?"}])
+            model="m", max_tokens=max_tokens,
+            messages=[*asked, {"role": "assistant", "content": said}, {"role": "user", "content": "and then?"}])
         return second.choices[0].message.content
 
     return talk
