@@ -69,7 +69,13 @@ async def test_a_replica_node_lost_during_rollouts(cluster, tmp_path):
             assert [t.error for t in trajs if t.error is not None] == []  # every call answered (some retried)
             assert {c.served_by for t in trajs for c in t.calls} == {"m@1"}
             # Ray restarts the replica elsewhere; it is set up with step 1 before it takes traffic
-            await wait_until(lambda: all(r["ready"] for r in be.status()["m"]["replicas"]))
+            # (wait for the restart itself: just after the loss, status may still show the old replica ready)
+            def restarted_and_ready() -> bool:
+                now = be.status()["m"]["replicas"]
+                return all(r["ready"] for r in now) and any(n["incarnation"] != b["incarnation"]
+                                                            for n, b in zip(now, before))
+
+            await wait_until(restarted_and_ready)
             after = be.status()["m"]["replicas"]
             restarted = [i for i in range(2) if after[i]["incarnation"] != before[i]["incarnation"]]
             assert len(restarted) == 1 and 1 in after[restarted[0]]["steps"]
