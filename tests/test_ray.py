@@ -303,7 +303,9 @@ async def test_a_step_cancelled_while_the_ranks_train_is_absent(ray_instance, tm
         await be.register(model)
         assert (await be.train(model, small)).step == 1
         d = be.deployments["m"]
-        step = asyncio.ensure_future(be.train(model, large))
+        # 8 times the model's epochs: still under way at the cancel however fast the machine (8 epochs
+        # of this batch can take under 2 s); the ranks finish it before they put their weights back
+        step = asyncio.ensure_future(be.train(model, large, epochs=64))
         await asyncio.sleep(1.5)
         assert not step.done()
         step.cancel()

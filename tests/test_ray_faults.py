@@ -103,7 +103,9 @@ async def test_a_trainer_rank_killed_during_a_step(cluster, tmp_path):
         assert (await be.train(model, small)).step == 1
         d = be.deployments["m"]
         pid = (await d.ranks[1].info.remote())["pid"]
-        step = asyncio.ensure_future(be.train(model, large))
+        # a step of thousands of optimizer steps: it is still under way when the rank dies, however fast
+        # the machine (8 epochs of this batch take under 2 s on some); it is abandoned, so it costs nothing
+        step = asyncio.ensure_future(be.train(model, large, epochs=4000))
         await asyncio.sleep(2.0)
         assert not step.done()  # the step is under way
         os.kill(pid, signal.SIGKILL)
