@@ -85,7 +85,8 @@ async def baselines(example: Any, cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 async def by_url(example: Any, cfg: dict[str, Any], url: str, model: str, api_key: str) -> dict[str, Any]:
-    """A model behind any OpenAI-compatible URL, through the example's own agent, greedily."""
+    """A model behind any OpenAI-compatible URL, through the example's own agent, greedily (or at
+    the config's ``eval_temperature``, as the trained model is evaluated)."""
     from openai import AsyncOpenAI
 
     from examples.runner import HELD_OUT, evaluate
@@ -97,7 +98,8 @@ async def by_url(example: Any, cfg: dict[str, Any], url: str, model: str, api_ke
     try:
         held_out = example.make_scenarios(cfg.get("eval_games", 16), HELD_OUT, cfg)
         rewards = example.rewards_for(cfg) if example.rewards_for else example.rewards
-        mean, rate, trajs = await evaluate(example.rollout, held_out, rewards, example.success)
+        mean, rate, trajs = await evaluate(example.rollout, held_out, rewards, example.success,
+                                           cfg.get("eval_temperature", 0.0))
     finally:
         agent.client, agent.MODEL = saved
         await client.close()

@@ -381,7 +381,9 @@ def example_section(key: str, r: dict | None) -> list[str]:
             f"{cfg['group_size']} rollouts"
             + (f" after a supervised warm-up on {cfg['warmup']} of the scripted baseline's conversations"
                if cfg.get("warmup") else "")
-            + f", {cfg.get('eval_games', 16)} held-out scenarios answered greedily"
+            + f", {cfg.get('eval_games', 16)} held-out scenarios "
+            + (f"played once each at temperature {cfg['eval_temperature']}" if cfg.get("eval_temperature")
+               else "answered greedily")
             + (f"; difficulty: {', '.join(f'{k} = {v!r}' for k, v in knobs.items() if k != 'warmup')}"
                if set(knobs) - {"warmup"} else "")
             + f". Seeds {seeds}; a run took {sum(x['seconds'] for x in runs) / len(runs) / 60:.0f} minutes on "
@@ -416,8 +418,9 @@ def examples_page() -> None:
              "`make reviews`; in the activated venv, `python -m examples.<name>.train`) from its `config.toml`.",
              "Below, each one trained from the",
              "embedded SmolLM2-135M-Instruct on the CPU, from scratch on two seeds, within a budget a user",
-             "waits for; the same held-out scenarios (never trained on) are answered greedily before, after",
-             "any warm-up, and at the end, and set beside simple baselines scored by the same rewards.",
+             "waits for; the same held-out scenarios (never trained on) are answered greedily (2048: played",
+             "once each at the training temperature, see there) before, after any warm-up, and at the end,",
+             "and set beside simple baselines scored by the same rewards.",
              "`python -m bench.examples <name>` produced every table and picture here; `--model-url URL",
              "--model NAME` adds any OpenAI-compatible model as one more row.", "",
              "What to expect of a 135M model on a CPU: it learns formats, legal moves and short exact",

@@ -50,12 +50,14 @@ def load_config(path: Path, argv: Sequence[str] | None) -> dict[str, Any]:
 
 
 async def evaluate(rollout: art.Rollout, scenarios: list[Any], rewards: list[Any],
-                   success: Callable[[art.Trajectory], bool] | None = None
+                   success: Callable[[art.Trajectory], bool] | None = None, temperature: float = 0.0
                    ) -> tuple[float, float | None, list[art.Trajectory]]:
     """(mean reward, share of scenarios that ``success`` counts as solved, the trajectories) on
-    held-out scenarios. A rollout that takes a ``temperature`` answers greedily here, so before
-    and after compare the model's best answers, not samples."""
-    groups = await art.gather(rollout, at_temperature(rollout, scenarios, 0.0), group_size=1, rewards=rewards)
+    held-out scenarios. A rollout that takes a ``temperature`` answers greedily here by default,
+    so before and after compare the model's best answers, not samples; a config's
+    ``eval_temperature`` plays each scenario once at that temperature instead (for a task where
+    the greedy answer repeats one move until it fails, as 2048's does)."""
+    groups = await art.gather(rollout, at_temperature(rollout, scenarios, temperature), group_size=1, rewards=rewards)
     trajs = [t for g in groups for t in g]
     scored = [t.reward for t in trajs if t.reward is not None]
     mean = sum(scored) / len(scored) if scored else float("nan")
@@ -99,13 +101,15 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
         print(f"run {run.run_id}" + (f", resumed at step {run.step}" if run.resumed else ", from the base model"),
               flush=True)
         held_out = make_scenarios(cfg.get("eval_games", 16), HELD_OUT, cfg)
+        eval_t = cfg.get("eval_temperature", 0.0)
+        how = f"once each at temperature {eval_t}" if eval_t else "greedily"
         if run.resumed and "eval_before" in run.meta:  # evaluated when the run began
             before, rate_before = run.meta["eval_before"], run.meta.get("solved_before")
             print(f"eval before (when the run began): mean reward {before:.3f} over {len(held_out)} {noun}"
                   + (f", solved {rate_before:.0%}" if rate_before is not None else ""), flush=True)
         else:
-            print(f"evaluating on {len(held_out)} held-out {noun}, greedily...", flush=True)
-            before, rate_before, trajs = await evaluate(rollout, held_out, rewards, success)
+            print(f"evaluating on {len(held_out)} held-out {noun}, {how}...", flush=True)
+            before, rate_before, trajs = await evaluate(rollout, held_out, rewards, success, eval_t)
             print(f"eval before: mean reward {before:.3f} over {len(held_out)} {noun}"
                   + (f", solved {rate_before:.0%}" if rate_before is not None else ""), flush=True)
             show("before", trajs)
@@ -118,7 +122,7 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
             history.append({"step": sft.step, "sft": True, **sft.metrics})
             print(f"step {sft.step} (warm-up): loss {sft.metrics['loss_first_epoch']:.3f} -> {sft.metrics['loss']:.3f} "
                   f"over {int(sft.metrics['examples'])} conversations, {sft.metrics['seconds']:.1f}s", flush=True)
-            mean, rate, trajs = await evaluate(rollout, held_out, rewards, success)
+            mean, rate, trajs = await evaluate(rollout, held_out, rewards, success, eval_t)
             evals.append({"step": sft.step, "reward": mean, "solved": rate, "warmup": True})
             print(f"eval after the warm-up: mean reward {mean:.3f}" + (f", solved {rate:.0%}" if rate is not None else ""),
                   flush=True)
@@ -145,11 +149,11 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
                                                f"{result.step})"), flush=True)
             every = cfg.get("eval_every", 0)
             if every and (i + 1) % every == 0 and i + 1 < target - start:  # the held-out curve, on the way
-                mean, rate, _ = await evaluate(rollout, held_out, rewards, success)
+                mean, rate, _ = await evaluate(rollout, held_out, rewards, success, eval_t)
                 evals.append({"step": run.step, "reward": mean, "solved": rate})
                 print(f"eval at step {run.step}: mean reward {mean:.3f}" + (f", solved {rate:.0%}" if rate is not None
                                                                            else ""), flush=True)
-        after, rate_after, trajs = await evaluate(rollout, held_out, rewards, success)
+        after, rate_after, trajs = await evaluate(rollout, held_out, rewards, success, eval_t)
         print(f"eval after {len(history)} steps (the model at step {run.step}): mean reward {after:.3f} over "
               f"{len(held_out)} {noun}"
               + (f", solved {rate_after:.0%}" if rate_after is not None else "")

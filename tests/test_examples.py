@@ -361,3 +361,12 @@ async def test_example_baselines_and_a_model_by_url():
     assert temperatures == {0.0} and row["reward"] >= 0  # every move legal: no -0.5
     # a model playing the first free cell scores what the scripted first-free player scores
     assert row["reward"] == pytest.approx(rows["first free cell (scripted)"]["reward"])
+    # 2048's config plays its held-out games at the training temperature: a model by URL is asked
+    # at that temperature too, so its row compares with the trained model's
+    g2048 = example_of("game_2048")
+    g_cfg = load_config(g2048.config, [])
+    assert g_cfg["eval_temperature"] == 1.0
+    with MockServer(script=lambda messages: "up") as server:
+        row = await by_url(g2048, g_cfg, server.base_url, "some-model", "k")
+        temperatures = {r["body"]["temperature"] for r in server.app.state.requests}
+    assert temperatures == {1.0} and row["scenarios"] == g_cfg["eval_games"] and row["failed"] == 0
