@@ -240,8 +240,10 @@ async def test_example_trains_end_to_end(name, engine, art_store, tmp_path, monk
     assert len(trajs) == 2 + 2 * warm + 2 * 4 + 2 + 2  # eval, after warm-up, two steps of 2x2, eval at step 1, eval
     assert all(t.calls and t.reward is not None for t in trajs if t.error is None)
     assert all(c.choices and c.choices[0].trainable for t in trajs for c in t.calls), [c.error for t in trajs for c in t.calls if c.error][:3]
-    if "temperature" in example.rollout.signature.parameters:  # greedy evaluations, training at the config's
-        assert {c.params.get("temperature") for t in trajs for c in t.calls} == {0.0, cfg.get("temperature", 1.0)}
+    if "temperature" in example.rollout.signature.parameters:  # evaluations greedy (or at the config's
+        # eval_temperature), training at the config's temperature
+        assert ({c.params.get("temperature") for t in trajs for c in t.calls}
+                == {cfg.get("eval_temperature", 0.0), cfg.get("temperature", 1.0)})
     assert art_store.steps(project, cfg["model"])[-1]["step"] == 2 + warm
     json.dumps([t.outcome for t in trajs])  # outcomes are plain JSON
     await client.close()
