@@ -2,6 +2,7 @@
 
     artsdk trajectories list [--project P] [--model M] [--run R] [--step N] [--min-reward X] [--errors]
     artsdk runs [--project P] [--model M]
+    artsdk store recover [--store URL] [--from FOLDER]
     artsdk trajectories show ID
     artsdk trajectories export OUT.jsonl [filters]
     artsdk config
@@ -150,6 +151,13 @@ def cmd_runs(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_recover(a: argparse.Namespace) -> int:
+    with _store(a) as store:
+        report = store.recover(a.folder)
+    print(report)
+    return 1 if report.failed else 0
+
+
 def cmd_config(a: argparse.Namespace) -> int:
     from .config import settings
 
@@ -294,6 +302,13 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--model")
     rn.add_argument("--json", action="store_true")
     rn.set_defaults(func=cmd_runs)
+
+    st = sub.add_parser("store", help="look after the store")
+    stsub = st.add_subparsers(dest="action", required=True)
+    rc = stsub.add_parser("recover", help="put back writes that failed (kept in unsaved/ beside the store)")
+    rc.add_argument("--store", help="store path or URL (default: from the settings)")
+    rc.add_argument("--from", dest="folder", help="the folder of failed writes (default: unsaved/ beside the store)")
+    rc.set_defaults(func=cmd_recover)
 
     sv = sub.add_parser("serve", help="serve a training backend over HTTP (for backend = \"remote\")")
     sv.add_argument("--backend", default="local", help="backend to serve (default: local)")

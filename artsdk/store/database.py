@@ -28,7 +28,10 @@ def connect(url: sa.engine.URL, path: Optional[Path]) -> sa.engine.Engine:
                 path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise StoreError(f"cannot create the folder for store {path}: {e}") from None
-        kwargs["connect_args"] = {"check_same_thread": False, "timeout": 60}
+        # how long a write waits for another process's transaction: 60 s, or the URL's
+        # ?timeout=SECONDS (sqlite:///runs/store.db?timeout=5)
+        timeout = _seconds(url.query.get("timeout", 60), url)
+        kwargs["connect_args"] = {"check_same_thread": False, "timeout": timeout}
     else:  # a server: a pooled connection it dropped (a restart) is noticed before use
         kwargs["pool_pre_ping"] = True
     try:
@@ -42,10 +45,20 @@ def connect(url: sa.engine.URL, path: Optional[Path]) -> sa.engine.Engine:
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _: Any) -> None:
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA busy_timeout=60000")
+            cur.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
     return engine
+
+
+def _seconds(value: Any, url: sa.engine.URL) -> float:
+    try:
+        seconds = float(value if isinstance(value, (str, int, float)) else value[-1])
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not seconds >= 0:
+        raise StoreError(f"store URL {url}: timeout={value!r} is not a number of seconds; give e.g. ?timeout=30")
+    return seconds
 
 
 def transient(e: BaseException, engine: sa.engine.Engine) -> bool:

@@ -18,7 +18,8 @@ from ..trajectory import Group, Trajectory
 from . import tables as T
 from .database import connect, prepare, sqlite_path, transient
 from .query import latest_run, load, load_checkpoints, load_groups, load_runs, load_steps, select_trajectories
-from .rows import dumps
+from .rows import Rows, dumps
+from .unsaved import Recovery, recover
 from .writer import Job, Writer
 from .writing import submission, upsert, write
 
@@ -49,8 +50,9 @@ class Store:
         prepare(self._engine, self.path, str(self.path) if self.path is not None else self.url, allow_foreign)
         home = self.path.parent if self.path is not None else Path(cfg.home)
         engine = self._engine
-        self._writer = Writer(self._begin, write, home / "unsaved", name=self.path.name if self.path else "db",
-                              transient=lambda e: transient(e, engine))
+        self.unsaved = home / "unsaved"  # the data of writes that could not be committed (``recover``)
+        self._writer = Writer(self._begin, write, self.unsaved, name=self.path.name if self.path else "db",
+                              transient=lambda e: transient(e, engine), explain=self._explain)
         self._closed = False
         _open_stores.add(self)
 
@@ -125,6 +127,48 @@ class Store:
     def latest_run(self, project: str, model: str) -> Optional[str]:
         """The model's newest run (None when it has none)."""
         return latest_run(self._engine, project, model)
+
+    def recover(self, folder: Union[str, Path, None] = None) -> Recovery:
+        """Put back the writes that failed (a locked database, a full disk): each one's data
+        was kept in a file of its own in ``folder`` (default: ``unsaved/`` beside the store).
+        Trajectories already stored are skipped, so running it twice is harmless; a file
+        fully stored moves to ``unsaved/recovered/``. Returns what was done::
+
+            print(art.Store("runs/store.db").recover())   # also: artsdk store recover
+        """
+        folder = Path(folder) if folder is not None else self.unsaved
+
+        def write(trajs: list[Trajectory], groups: list[dict[str, Any]], replace: bool) -> None:
+            job = submission(trajs, (), replace)
+            job.rows.groups, job.dump = groups, None  # a failure leaves the file where it is
+            self._writer.submit(job).result()
+
+        return recover(folder, self._stored, write)
+
+    def _stored(self, ids: Sequence[str], group_ids: Sequence[str]) -> tuple[set[str], set[str]]:
+        """Which of these trajectory and group ids the store holds."""
+        t, g = T.TrajectoryRow.__table__, T.GroupRow.__table__
+        have: set[str] = set()
+        groups: set[str] = set()
+        with self._engine.connect() as conn:
+            for i in range(0, len(ids), 500):
+                have |= set(conn.execute(sa.select(t.c.id).where(t.c.id.in_(ids[i:i + 500]))).scalars())
+            for i in range(0, len(group_ids), 500):
+                groups |= set(conn.execute(sa.select(g.c.id).where(g.c.id.in_(group_ids[i:i + 500]))).scalars())
+        return have, groups
+
+    def _explain(self, job: Job, exc: BaseException) -> str:
+        """A hint for a write refused as a duplicate, only where it is one."""
+        if not isinstance(exc, sa.exc.IntegrityError) or not isinstance(job.rows, Rows):
+            return ""
+        have, groups = self._stored([r["id"] for r in job.rows.tables[T.TrajectoryRow]],
+                                    [g["id"] for g in job.rows.groups])
+        if have:
+            return (f" (trajectory {', '.join(sorted(have)[:3])} is already stored; save(..., replace=True) "
+                    f"overwrites it)")
+        if groups:
+            return f" (group {', '.join(sorted(groups)[:3])} is already stored)"
+        return ""
 
     # ---- reading -----------------------------------------------------------------------
 

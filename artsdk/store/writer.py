@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..futures import settle
+from .unsaved import describe_failure, keep
 
 log = logging.getLogger("artsdk.store")
 
@@ -36,7 +37,7 @@ class Job:
 class Writer:
     def __init__(self, begin: Callable[[], Any], write: Callable[[Any, list[Job]], None],
                  unsaved_dir: Path, name: str, transient: Callable[[BaseException], bool] = lambda e: False,
-                 outage_s: float = 600.0) -> None:
+                 outage_s: float = 600.0, explain: Callable[[Job, BaseException], str] = lambda j, e: "") -> None:
         self._begin = begin  # -> context manager yielding a connection in a transaction
         self._write = write  # (connection, jobs) -> None: writes all the jobs' rows
         # a database server that went away (restarted, a network blip): its writes wait for it,
@@ -44,6 +45,10 @@ class Writer:
         self._transient, self._outage_s = transient, outage_s
         self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._unsaved_dir = unsaved_dir
+        self._explain = explain  # (job, error) -> a hint that is true of this failure, or ""
+        # failed writes whose file could not be written either (a full disk): (text, label),
+        # written as soon as that works, at the latest at close
+        self._parked: list[tuple[str, str]] = []
         self._thread = threading.Thread(target=self._run, name=f"artsdk-store-{name}", daemon=True)
         self._thread.start()
 
@@ -60,7 +65,11 @@ class Writer:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=2.0 if self._parked else None)
+            except queue.Empty:
+                self._unpark()
+                continue
             batch = [item]
             while len(batch) < _MAX_BATCH:
                 try:
@@ -76,6 +85,8 @@ class Writer:
                     log.exception("the store's writer failed")
                     for job in jobs:
                         settle(job.future, error=e)
+            if self._parked:
+                self._unpark(final=stop)
             if stop:
                 return
 
@@ -96,7 +107,7 @@ class Writer:
                     delay = min(delay * 2, 5.0)
                     continue
                 if len(jobs) == 1:
-                    self._fail(jobs[0])
+                    self._fail(jobs[0], e)
                     return
                 # one bad job must not take the others down with it: retry them one by one
                 for job in jobs:
@@ -107,26 +118,53 @@ class Writer:
         for job in jobs:
             settle(job.future, None)
 
-    def _fail(self, job: Job) -> None:
+    def _fail(self, job: Job, exc: BaseException) -> None:
         """Settle a job that could not be committed with a StoreError saying why, its data
-        written to a file beside the store (nothing is lost). Never raises."""
-        import sys
-
+        written to a file of its own beside the store (nothing is lost; ``unsaved.py``), or
+        kept in memory until such a file can be written. Never raises."""
         from ..errors import StoreError
 
-        exc = sys.exc_info()[1]
         where = ""
         if job.dump is not None:
-            path = self._unsaved_dir / f"{job.describe.replace(' ', '-')}.json"
+            text = path = error = None
             try:
-                self._unsaved_dir.mkdir(parents=True, exist_ok=True)
-                path.write_text(job.dump(), encoding="utf-8")
-                where = f"; its data was saved to {path}"
+                text = job.dump()
+                path = keep(self._unsaved_dir, text, job.describe)
             except Exception as e:  # noqa: BLE001 - say so, and go on
-                where = f"; saving its data to {path} failed too ({type(e).__name__}: {e})"
+                error = e
+                if text is not None:
+                    self._parked.append((text, job.describe))
+            where = describe_failure(path, error, len(self._parked))
         reason = f"{type(exc).__name__}: {' '.join(str(getattr(exc, 'orig', None) or exc).split())}"  # one line
-        if type(exc).__name__ == "IntegrityError":
-            reason += " (it is already stored; save(..., replace=True) overwrites it)"
+        try:
+            reason += self._explain(job, exc)
+        except Exception:  # noqa: BLE001 - a hint is never worth a lost error
+            pass
         err = StoreError(f"could not store {job.describe}: {reason}{where}")
         log.error("%s", err)
         settle(job.future, error=err)
+
+    def _unpark(self, final: bool = False) -> None:
+        """Write the files of failed writes that could not be written before. At close, a
+        write that still cannot go beside the store goes to the temporary folder instead."""
+        import tempfile
+
+        folders = [self._unsaved_dir]
+        if final:
+            folders.append(Path(tempfile.gettempdir()) / "artsdk-unsaved")
+        still: list[tuple[str, str]] = []
+        for text, label in self._parked:
+            for folder in folders:
+                try:
+                    path = keep(folder, text, label)
+                except Exception as e:  # noqa: BLE001 - tried again later, or reported below
+                    error = e
+                    continue
+                log.warning("the data of a write that failed (%s) is now saved to %s", label, path)
+                break
+            else:
+                still.append((text, label))
+                if final:
+                    log.critical("the data of a write that failed (%s) could not be saved anywhere (%s: %s); "
+                                 "it is lost when this process ends", label, type(error).__name__, error)
+        self._parked = still

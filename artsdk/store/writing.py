@@ -45,7 +45,7 @@ def submission(trajectories: Iterable[Trajectory], groups: Sequence[Group], repl
     def dump() -> str:
         # ASCII JSON: whatever the text held, the file can be written
         return json.dumps({"trajectories": [t.model_dump(mode="json", fallback=repr) for t in trajs],
-                           "groups": batch.groups}, ensure_ascii=True, default=repr)
+                           "groups": batch.groups, "replace": replace}, ensure_ascii=True, default=repr)
 
     return Job(batch, label, dump)
 

@@ -108,23 +108,50 @@ class ChatFormat:
 
     def parse(self, text: str, tools: Optional[list[dict[str, Any]]]) -> tuple[Optional[str], Optional[list[dict[str, Any]]]]:
         """(content, tool_calls) of an answer. Tool calls are parsed only when tools were
-        offered; a malformed one is left in the content."""
+        offered; the answer stays content unless every call in it is a JSON object naming an
+        offered tool, with arguments that are an object (or a string). Whatever the model
+        wrote, this returns: its output is never an error."""
         if not tools or "<tool_call>" not in text:
             return text, None
-        names = {(t.get("function") or t).get("name") for t in tools}
+        names = offered_names(tools)
         calls = []
         for raw in _TOOL_CALL.findall(text):
-            try:
-                obj = json.loads(raw)
-            except ValueError:
+            call = _tool_call(raw, names)
+            if call is None:
                 return text, None
-            if not isinstance(obj, dict) or obj.get("name") not in names:
-                return text, None
-            args = obj.get("arguments", {})
-            calls.append({"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
-                          "function": {"name": obj["name"],
-                                       "arguments": args if isinstance(args, str) else json.dumps(args)}})
+            calls.append(call)
         if not calls:
             return text, None
         rest = _TOOL_CALL.sub("", text).strip()
         return (rest or None), calls
+
+
+def offered_names(tools: list[Any]) -> set[str]:
+    """The names of the offered tools (chat shape ``{"function": {"name"}}`` or flat)."""
+    names = set()
+    for t in tools:
+        fn = t.get("function", t) if isinstance(t, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if isinstance(name, str):
+            names.add(name)
+    return names
+
+
+def _tool_call(raw: str, names: set[str]) -> Optional[dict[str, Any]]:
+    """One ``<tool_call>`` body as a chat tool call, or None when it is not a call of an
+    offered tool (a name that is an object, arguments that are a list, not JSON at all)."""
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    name, args = obj.get("name"), obj.get("arguments", {})
+    if not isinstance(name, str) or name not in names:
+        return None
+    if args is None:
+        args = {}
+    if not isinstance(args, (dict, str)):
+        return None
+    return {"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+            "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)}}
