@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from contextlib import asynccontextmanager
 from importlib.metadata import entry_points
-from typing import Any, AsyncIterator, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, AsyncIterator, Optional, Protocol, Sequence, Union, runtime_checkable
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
@@ -107,9 +107,12 @@ def nothing_to_train(groups: Sequence[Group], metrics: dict[str, float]) -> str:
 class Backend(Protocol):
     """A training backend: serve a model, train it on groups, report its step."""
 
-    async def register(self, model: TrainableModel, *, fresh: bool = False) -> Endpoint:
+    async def register(self, model: TrainableModel, *, fresh: bool = False,
+                       resume_step: Optional[int] = None) -> Endpoint:
         """Load the model -- from its newest checkpoint, or with ``fresh`` from the base model,
-        its earlier checkpoints moved aside -- and return where it is served."""
+        its earlier checkpoints moved aside, or from the checkpoint of ``resume_step``, the
+        steps after it moved aside -- and return where it is served. A checkpoint that cannot
+        be read is a CheckpointError naming it and the newest step that can."""
         ...
 
     async def train(self, model: TrainableModel, groups: Sequence[Group], **config: Any) -> TrainResult:
@@ -291,7 +294,7 @@ def current_session() -> Optional[Session]:
 
 
 @asynccontextmanager
-async def session(model: TrainableModel, backend: Optional[Backend] = None, *, resume: bool = True,
+async def session(model: TrainableModel, backend: Optional[Backend] = None, *, resume: Union[bool, int] = True,
                   run: Optional[str] = None, **backend_options: Any) -> AsyncIterator[Session]:
     """Open a training session on ``model`` with the configured backend (or ``backend``).
 
@@ -300,8 +303,10 @@ async def session(model: TrainableModel, backend: Optional[Backend] = None, *, r
 
     ``resume`` (the default) continues from the model's last checkpoint, in the run that
     wrote it; ``resume=False`` starts a new run from the base model, the backend moving the
-    earlier checkpoints aside (never deleting them). ``run`` names a new run (default: the
-    time it started, e.g. ``20261201-170502-3fa9``).
+    earlier checkpoints aside (never deleting them); ``resume=4`` continues from step 4's
+    checkpoint, moving the steps after it aside (what a CheckpointError offers when the
+    newest checkpoint cannot be read). ``run`` names a new run (default: the time it
+    started, e.g. ``20261201-170502-3fa9``).
     """
     from .config import settings
     from .store import default_store
@@ -312,7 +317,13 @@ async def session(model: TrainableModel, backend: Optional[Backend] = None, *, r
     trackers: list[Any] = []
     try:
         # a backend written before fresh registration existed takes no keyword it does not need
-        endpoint = await (be.register(model) if resume else be.register(model, fresh=True))
+        if isinstance(resume, bool):
+            endpoint = await (be.register(model) if resume else be.register(model, fresh=True))
+        elif isinstance(resume, int) and resume >= 0:
+            endpoint = await be.register(model, resume_step=resume)
+        else:
+            raise RolloutError(f"session(resume={resume!r}): give True (the newest checkpoint), False (the base "
+                               f"model) or a step number")
         step = await be.step(model)
         store = default_store()
         await anyio.to_thread.run_sync(store.record_model, model.project, model.name, model.base_model, model.config)

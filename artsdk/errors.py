@@ -45,6 +45,16 @@ class ModelLoadError(BackendError):
     machine that tried: a server answers remote clients with a shorter one.)"""
 
 
+class CheckpointError(BackendError):
+    """A checkpoint on disk cannot be read (truncated, corrupt, half-copied). The message
+    names its step and file and the newest step that can be read, ``readable`` (None when
+    none can): ``art.session(model, resume=<that step>)`` continues from it."""
+
+    def __init__(self, message: str, *, step: int, file: str, readable: "int | None") -> None:
+        super().__init__(message)
+        self.step, self.file, self.readable = step, file, readable
+
+
 class TrainingError(ArtError):
     """A training step was refused or abandoned before any weight moved (a non-finite loss
     or gradient, say): the model, its served adapter and its checkpoints are unchanged."""

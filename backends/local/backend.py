@@ -87,14 +87,17 @@ class LocalBackend:
 
     # -- Backend protocol -----------------------------------------------------------------
 
-    async def register(self, model: TrainableModel, *, fresh: bool = False) -> Endpoint:
+    async def register(self, model: TrainableModel, *, fresh: bool = False,
+                       resume_step: Optional[int] = None) -> Endpoint:
         moved = None
         if fresh:  # from the base model: what is loaded goes, its checkpoints are moved aside
             await self.unregister(model)
             moved = move_aside(self.home / model.project / model.name / "checkpoints")
+        elif resume_step is not None:  # from that step: the steps after it are moved aside
+            await self.unregister(model)
         served = self.models.get(model.name)
         if served is None:
-            served = await anyio.to_thread.run_sync(self._load, model)
+            served = await anyio.to_thread.run_sync(self._load, model, resume_step)
         base_url = self._ensure_server() if self.http else ""
         return Endpoint(base_url=base_url, api_key=self.api_key or "artsdk", model=model.name,
                         moved_aside=str(moved) if moved else None)
@@ -107,14 +110,14 @@ class LocalBackend:
             self._app = build_app(lambda: self.models, self.api_key)
         return self._app
 
-    def _load(self, model: TrainableModel) -> ServedModel:
+    def _load(self, model: TrainableModel, resume_step: Optional[int] = None) -> ServedModel:
         with self._lock:
             if model.name not in self.models:
                 try:
                     self.models[model.name] = ServedModel(
                         model, home=self.home, cache=self.cache, device=self.device, dtype=self.dtype,
                         keep_checkpoints=self.keep_checkpoints, best_metric=self.best_metric,
-                        train_defaults=self.train_defaults, engine=self._engine_for)
+                        train_defaults=self.train_defaults, engine=self._engine_for, resume_step=resume_step)
                 except ValueError as e:
                     raise BackendError(f"model {model.name!r}: {e}") from None
             return self.models[model.name]

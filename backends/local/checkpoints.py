@@ -16,6 +16,10 @@ from typing import Any, Optional
 
 import torch
 
+from artsdk.errors import CheckpointError
+
+FILES = ("adapter_config.json", "adapter_model.safetensors", "optimizer.pt", "trainer_state.json")
+ASIDE = "set-aside"  # steps after the one resumed from, moved here (never deleted)
 _STEP = re.compile(r"^\d+$")
 log = logging.getLogger("artsdk.local")
 
@@ -88,21 +92,91 @@ class Checkpoints:
 
     def state(self, step: int) -> dict[str, Any]:
         """The trainer state saved with a step (its metrics, the model it belongs to)."""
-        return json.loads((self.path(step) / "trainer_state.json").read_text())
+        try:
+            state = json.loads((self.path(step) / "trainer_state.json").read_text())
+            if not isinstance(state, dict):
+                raise ValueError(f"a JSON {type(state).__name__}, not an object")
+            return state
+        except (OSError, ValueError) as e:
+            raise self.unreadable(step, "trainer_state.json", e) from None
 
     def load(self, step: int, model: Any, optimizer: Any) -> dict[str, Any]:
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
         folder = self.path(step)
-        set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")),
-                                  adapter_name=self.adapter)
-        # a checkpoint written on a GPU resumes on a CPU machine: read everything onto the CPU
-        # (load_state_dict then moves the optimizer's state to wherever its parameters are)
-        extra = torch.load(folder / "optimizer.pt", weights_only=False, map_location="cpu")
-        optimizer.load_state_dict(extra["optimizer"])
-        torch.set_rng_state(extra["rng"])
+        name = "adapter_model.safetensors"
+        try:
+            set_peft_model_state_dict(model, load_file(str(folder / name)), adapter_name=self.adapter)
+            # a checkpoint written on a GPU resumes on a CPU machine: read everything onto the CPU
+            # (load_state_dict then moves the optimizer's state to wherever its parameters are)
+            name = "optimizer.pt"
+            extra = torch.load(folder / name, weights_only=False, map_location="cpu")
+            optimizer.load_state_dict(extra["optimizer"])
+            torch.set_rng_state(extra["rng"])
+        except Exception as e:  # noqa: BLE001 - safetensors, torch and pickle each raise their own
+            raise self.unreadable(step, name, e) from None
         return self.state(step)
+
+    def check(self, step: int) -> Optional[tuple[str, str]]:
+        """None when every file of ``step`` can be read, else (the first file that cannot,
+        why). Reads each file whole (the adapter's tensors, the optimizer's state)."""
+        from safetensors.torch import load_file
+
+        folder = self.path(step)
+        for name in FILES:
+            path = folder / name
+            try:
+                if name.endswith(".json"):
+                    if not isinstance(json.loads(path.read_text()), dict):
+                        raise ValueError("not a JSON object")
+                elif name.endswith(".safetensors"):
+                    load_file(str(path))
+                else:
+                    torch.load(path, weights_only=False, map_location="cpu")
+            except Exception as e:  # noqa: BLE001 - any library's complaint means unreadable
+                return name, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+        return None
+
+    def unreadable(self, step: int, name: str, error: Any) -> CheckpointError:
+        """The error for a checkpoint that cannot be read, offering the newest one that can."""
+        why = error if isinstance(error, str) else f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"
+        readable = next((s for s in reversed(self.steps()) if s < step and self.check(s) is None), None)
+        offer = (f"the newest readable checkpoint is step {readable}: resume from it with "
+                 f"art.session(model, resume={readable}) (the steps after it are moved to {ASIDE}/, never deleted)"
+                 if readable is not None else
+                 "no earlier checkpoint can be read: start over with art.session(model, resume=False) (the "
+                 "checkpoints are moved aside, never deleted)")
+        return CheckpointError(f"checkpoint step {step} cannot be read: {self.path(step) / name} ({why}); {offer}",
+                               step=step, file=str(self.path(step) / name), readable=readable)
+
+    def resume_point(self, step: Optional[int] = None) -> Optional[int]:
+        """The step to resume from: the newest (CheckpointError when it cannot be read), or
+        ``step``, after moving every newer step into ``set-aside/``. None: no checkpoint."""
+        steps = self.steps()
+        if step is None:
+            if not steps:
+                return None
+            newest = steps[-1]
+            bad = self.check(newest)
+            if bad is not None:
+                raise self.unreadable(newest, *bad)
+            return newest
+        if step and step not in steps:
+            raise CheckpointError(f"there is no checkpoint of step {step} in {self.folder} (steps: "
+                                  f"{steps or 'none'})", step=step, file=str(self.path(step)), readable=None)
+        if step:
+            bad = self.check(step)
+            if bad is not None:
+                raise self.unreadable(step, *bad)
+        newer = [s for s in steps if s > step]
+        if newer:
+            aside = self.folder / ASIDE / time_name()
+            aside.mkdir(parents=True)
+            for s in newer:
+                self.path(s).rename(aside / str(s))
+            log.warning("resuming from step %d: steps %s were moved to %s", step, newer, aside)
+        return step or None
 
     def prune(self, keep_last: int, best_metric: Optional[str] = None, higher_is_better: bool = True) -> list[int]:
         """Delete all but the last ``keep_last`` checkpoints (and the best by
@@ -121,6 +195,13 @@ class Checkpoints:
         for s in gone:
             shutil.rmtree(self.path(s), ignore_errors=True)
         return gone
+
+
+def time_name() -> str:
+    import time
+    import uuid
+
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
 def move_aside(folder: Path) -> Optional[Path]:

@@ -33,14 +33,16 @@ log = logging.getLogger("artsdk.local")
 class ServedModel:
     def __init__(self, spec: TrainableModel, *, home: Path, cache: Path, device: str, dtype: Any,
                  keep_checkpoints: int, best_metric: Optional[str], train_defaults: TrainConfig,
-                 engine: Callable[["ServedModel"], Any]) -> None:
+                 engine: Callable[["ServedModel"], Any], resume_step: Optional[int] = None) -> None:
         self.spec = spec
         self.device = device
         lora_settings(spec.config)  # bad settings are refused before anything is written
         self.train_config = TrainConfig.build(train_defaults, spec.config.get("train", {}))
         self.checkpoints = Checkpoints(home / spec.project / spec.name / "checkpoints")
-        latest = self.checkpoints.latest()
-        if latest is not None:  # checked before the (slow) model load: fail fast
+        # the newest checkpoint (or resume_step), every file read before the (slow) model load:
+        # one that cannot be read fails fast, naming the file and the newest step that can
+        latest = self.checkpoints.resume_point(resume_step)
+        if latest is not None:
             trained_from = self.checkpoints.state(latest).get("model", {}).get("base_model")
             if trained_from not in (None, spec.base_model):
                 raise BackendError(

@@ -94,7 +94,8 @@ class RayBackend:
 
     # -- Backend protocol -----------------------------------------------------------------
 
-    async def register(self, model: TrainableModel, *, fresh: bool = False) -> Endpoint:
+    async def register(self, model: TrainableModel, *, fresh: bool = False,
+                       resume_step: Optional[int] = None) -> Endpoint:
         from backends.local.checkpoints import move_aside
 
         self._connect()
@@ -102,9 +103,11 @@ class RayBackend:
         if fresh:
             await self.unregister(model)
             moved = move_aside(self.home / model.project / model.name / "checkpoints")
+        elif resume_step is not None:
+            await self.unregister(model)
         d = self.deployments.get(model.name)
         if d is None:
-            d = Deployment(self, model)
+            d = Deployment(self, model, resume_step)
             try:
                 await d.start()
             except BaseException:
@@ -213,12 +216,12 @@ class Deployment:
     """One model on the cluster: its trainer ranks, its replicas and their pool, its
     checkpoints (written here), and the watch that keeps the replicas set up."""
 
-    def __init__(self, backend: RayBackend, spec: TrainableModel) -> None:
+    def __init__(self, backend: RayBackend, spec: TrainableModel, resume_step: Optional[int] = None) -> None:
         from backends.local.checkpoints import Checkpoints
 
         self.be, self.spec = backend, spec
         self.checkpoints = Checkpoints(backend.home / spec.project / spec.name / "checkpoints")
-        self.step = self.checkpoints.latest() or 0
+        self.step = self.checkpoints.resume_point(resume_step) or 0  # read whole: a corrupt one fails here
         self.pool = Pool(spec.name, spec.base_model, key=secrets.token_urlsafe(24), replicas=[])
         self.pool.release = lambda replica, step: replica.actor.release.remote(step)
         self.ranks: list[Any] = []

@@ -82,10 +82,12 @@ class RemoteBackend:
 
     # -- Backend protocol -----------------------------------------------------------------
 
-    async def register(self, model: TrainableModel, *, fresh: bool = False) -> Endpoint:
+    async def register(self, model: TrainableModel, *, fresh: bool = False,
+                       resume_step: Optional[int] = None) -> Endpoint:
         r = await self._request("POST", "/v1/art/models", json={
             "name": model.name, "base_model": model.base_model, "project": model.project,
-            "config": model.config, "fresh": fresh})
+            "config": model.config, "fresh": fresh,
+            **({"resume_step": resume_step} if resume_step is not None else {})})
         return Endpoint(base_url=f"{self.url}/v1", api_key=self.api_key or "artsdk", model=model.name,
                         moved_aside=r.json().get("moved_aside"))
 

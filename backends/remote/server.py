@@ -61,6 +61,7 @@ class RegisterRequest(BaseModel):
     project: str = Field("default", pattern=NAME)
     config: dict[str, Any] = Field(default_factory=dict)
     fresh: bool = False  # from the base model: the model's earlier checkpoints are moved aside
+    resume_step: Optional[int] = Field(None, ge=0, le=999_999_999)  # from this step, the later ones moved aside
 
     @field_validator("config")
     @classmethod
@@ -168,7 +169,8 @@ def build_app(backend: Any, backend_name: str, home: Path, api_key: Optional[str
         if old is not None and old.base_model != spec.base_model:
             raise HTTPException(409, f"model {body.name!r} is registered with base model {old.base_model!r}")
         try:
-            endpoint = await backend.register(spec, fresh=body.fresh)
+            endpoint = await (backend.register(spec, fresh=body.fresh) if body.resume_step is None else
+                              backend.register(spec, fresh=body.fresh, resume_step=body.resume_step))
         except ModelLoadError as e:  # the details name files on this machine: they stay in its log
             log.warning("register %r: %s", body.name, e)
             raise HTTPException(400, f"base model {body.base_model!r} cannot be loaded on this server; give a "
