@@ -328,3 +328,23 @@ async def test_a_step_cancelled_while_the_ranks_train_is_absent(ray_instance, tm
         assert again.metrics["loss"] == pytest.approx(want.metrics["loss"], rel=1e-5, abs=1e-7)
     finally:
         await be.close()
+
+
+async def test_a_model_unregistered_while_its_step_trains_never_writes_into_its_successor(ray_instance, tmp_path):
+    from tests.test_trust_region import batch
+
+    be = backend(tmp_path, replicas=1, trainers=1)
+    model = art.TrainableModel("m", base_model=TINY, project="p")
+    served = await _served_tiny(tmp_path)
+    try:
+        await be.register(model)
+        step = asyncio.ensure_future(be.train(model, batch(served, groups=2, size=4), epochs=4000))
+        await asyncio.sleep(2.0)
+        assert not step.done()
+        await be.unregister(model)  # returns once the step has let go
+        await be.register(model, fresh=True)
+        with pytest.raises(art.BackendError, match="unregistered while this step trained"):
+            await step
+        assert be.checkpoint_steps(model) == [] and await be.step(model) == 0
+    finally:
+        await be.close()

@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from artsdk.backend import TrainableModel
-from artsdk.errors import BackendError
+from artsdk.errors import BackendError, TrainingError
 
 from .batch import Tokenizing
 from .checkpoints import Checkpoints
 from .engine import Completion, Request
 from .policy import Policy, lora_settings
 from .sft import SFTConfig, sft_step
-from .trainer import TrainConfig, train_step
+from .trainer import StepInterrupted, TrainConfig, train_step
 
 log = logging.getLogger("artsdk.local")
 
@@ -63,6 +63,9 @@ class ServedModel:
         self.hold_steps = False
         self._released: set[int] = set()
         self._train_lock = threading.Lock()  # one training step at a time per model
+        # set by close(): a step in flight stops at its next row, or is not committed, so a model
+        # deleted while it trains never writes into the folder of one registered after it
+        self._closing = threading.Event()
         if latest is not None:
             state = self.checkpoints.load(latest, self.model, self.optimizer)
             self.step = int(state["step"])
@@ -150,10 +153,12 @@ class ServedModel:
         for g in self.optimizer.param_groups:  # the step's own settings, which run.train may override
             g["lr"], g["weight_decay"] = cfg.learning_rate, cfg.weight_decay
         with self._train_lock:
+            self._check_open()
             with self.engine.training():
                 self.model.set_adapter("policy")
-                metrics = train_step(self.model, self.optimizer, groups, cfg, self.tokenizing(),
-                                     device=self.device, reference=self.model.disable_adapter, stop=stop)
+                metrics = self._abandoned_if_closed(lambda s: train_step(
+                    self.model, self.optimizer, groups, cfg, self.tokenizing(), device=self.device,
+                    reference=self.model.disable_adapter, stop=s), stop)
             if not metrics["tokens_trained"]:
                 return self.step, metrics, None
             return self._commit_step(metrics)
@@ -166,13 +171,30 @@ class ServedModel:
         for g in self.optimizer.param_groups:
             g["lr"], g["weight_decay"] = cfg.learning_rate, cfg.weight_decay
         with self._train_lock:
+            self._check_open()
             with self.engine.training():
                 self.model.set_adapter("policy")
-                metrics = sft_step(self.model, self.optimizer, trajectories, cfg, self.tokenizing(),
-                                   device=self.device, stop=stop)
+                metrics = self._abandoned_if_closed(lambda s: sft_step(
+                    self.model, self.optimizer, trajectories, cfg, self.tokenizing(), device=self.device, stop=s), stop)
             return self._commit_step(metrics)
 
+    def _abandoned_if_closed(self, step: Callable[[Any], dict[str, float]],
+                             stop: Optional[threading.Event]) -> dict[str, float]:
+        """``step(stop)``, stopped by the caller's ``stop`` or by ``close``."""
+        either = _Either(stop, self._closing)
+        try:
+            return step(either)
+        except StepInterrupted:
+            self._check_open()
+            raise
+
+    def _check_open(self) -> None:
+        if self._closing.is_set():
+            raise TrainingError(f"model {self.spec.name!r} was unregistered while this step trained: the step was "
+                                f"abandoned and nothing of it was written")
+
     def _commit_step(self, metrics: dict[str, float]) -> tuple[int, dict[str, float], str]:
+        self._check_open()
         step = self.step + 1
         # written before the step is served: a crash never leaves a served step without its checkpoint
         path = self.checkpoints.save(step, self.model, self.optimizer,
@@ -187,4 +209,18 @@ class ServedModel:
         return self.policy.tokenizing(self.step)
 
     def close(self) -> None:
-        self.engine.close()
+        """Stop serving. A step in flight is abandoned at its next row (or finishes writing its
+        checkpoint, into this model's folder, if it had begun to) before this returns."""
+        self._closing.set()
+        with self._train_lock:
+            self.engine.close()
+
+
+class _Either:
+    """Set when either event is (what the trainer's ``stop`` needs: ``is_set``)."""
+
+    def __init__(self, *events: Optional[threading.Event]) -> None:
+        self.events = [e for e in events if e is not None]
+
+    def is_set(self) -> bool:
+        return any(e.is_set() for e in self.events)

@@ -336,6 +336,8 @@ class Deployment:
             raise BackendError(f"training {self.spec.name!r}: {causes[0]}") from None
         for f in pending:
             f.cancel()
+        if self._stop.is_set():  # unregistered meanwhile: its ranks were ended on purpose
+            raise self._abandoned()
         failed = [(i, f.exception()) for i, f in enumerate(futures) if f.done() and not f.cancelled()
                   and f.exception() is not None]
         rank, lost = next(((i, e) for i, e in failed if isinstance(e, ray.exceptions.RayActorError)),
@@ -376,6 +378,8 @@ class Deployment:
 
         t0 = time.perf_counter()
         files = await self.ranks[0].checkpoint.remote(step, {"metrics": metrics, "model": self.spec.model_dump()})
+        if self._stop.is_set():
+            raise self._abandoned()
         path = await asyncio.to_thread(self.checkpoints.write, step, files)
         t1 = time.perf_counter()
         adapter = ray.put({k: v for k, v in files.items() if k in ADAPTER_FILES})
@@ -439,7 +443,14 @@ class Deployment:
                 if not whole:
                     self._set_up(r)
 
+    def _abandoned(self) -> BackendError:
+        return BackendError(f"model {self.spec.name!r} was unregistered while this step trained: the step was "
+                            f"abandoned and nothing of it was written")
+
     async def stop(self) -> None:
+        """Stop the replicas and ranks. Returns once a step in flight has let go (abandoned, or
+        its checkpoint written into this model's folder), so a model registered after this one
+        under the same name never receives it."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
@@ -453,6 +464,11 @@ class Deployment:
                 pass
             ray.kill(r.actor, no_restart=True)
         await self._end_ranks()
+        try:
+            await asyncio.wait_for(self._step_lock.acquire(), 120)
+            self._step_lock.release()
+        except asyncio.TimeoutError:
+            log.warning("%s: a step in flight did not let go within 120 s of the model's unregistering", self.spec.name)
         if self._placement is not None:
             remove_placement_group(self._placement)
             self._placement = None

@@ -106,22 +106,31 @@ class Registry:
 
 
 class Trainings:
-    """Results of training submissions by request id (also on disk), so a retried
-    submission gets the first answer instead of a second step."""
+    """Results of training submissions by model and request id (also on disk), so a retried
+    submission gets the first answer instead of a second step. Scoped by model: the same id
+    sent to another model is another submission; a model deleted or registered fresh forgets
+    its own."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder / "trainings"
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.running: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self.running: dict[tuple[str, str], asyncio.Future[dict[str, Any]]] = {}
 
-    def done(self, request_id: str) -> Optional[dict[str, Any]]:
-        p = self.folder / f"{request_id}.json"
+    def done(self, model: str, request_id: str) -> Optional[dict[str, Any]]:
+        p = self.folder / model / f"{request_id}.json"
         return json.loads(p.read_text()) if p.is_file() else None
 
-    def finish(self, request_id: str, result: dict[str, Any]) -> None:
-        tmp = self.folder / f"{request_id}.tmp"
+    def finish(self, model: str, request_id: str, result: dict[str, Any]) -> None:
+        folder = self.folder / model
+        folder.mkdir(exist_ok=True)
+        tmp = folder / f"{request_id}.tmp"
         tmp.write_text(json.dumps(result))
-        tmp.replace(self.folder / f"{request_id}.json")
+        tmp.replace(folder / f"{request_id}.json")
+
+    def forget(self, model: str) -> None:
+        import shutil
+
+        shutil.rmtree(self.folder / model, ignore_errors=True)
 
 
 def build_app(backend: Any, backend_name: str, home: Path, api_key: Optional[str] = None) -> FastAPI:
@@ -175,6 +184,8 @@ def build_app(backend: Any, backend_name: str, home: Path, api_key: Optional[str
             log.warning("register %r: %s", body.name, e)
             raise HTTPException(400, f"base model {body.base_model!r} cannot be loaded on this server; give a "
                                      f"Hub id it has (or can download), or a model folder on the server") from None
+        if body.fresh or body.resume_step is not None:
+            trainings.forget(body.name)
         loaded.add(body.name)
         registry.models[body.name] = spec
         registry.save()
@@ -192,6 +203,7 @@ def build_app(backend: Any, backend_name: str, home: Path, api_key: Optional[str
         loaded.discard(name)
         registry.models.pop(name, None)
         registry.save()
+        trainings.forget(name)
         return {"deleted": name}
 
     @app.post("/v1/art/models/{name}/train")
@@ -208,16 +220,17 @@ def build_app(backend: Any, backend_name: str, home: Path, api_key: Optional[str
     def _start(spec: TrainableModel, rid: str, work: Any) -> StreamingResponse:
         # the step starts here, before any byte is streamed: a client that hangs up at once
         # (a dropped connection) still gets it done, and its retry gets the result
-        previous = trainings.done(rid)
-        retried = previous is not None or rid in trainings.running
+        key = (spec.name, rid)
+        previous = trainings.done(*key)
+        retried = previous is not None or key in trainings.running
         if not retried:
             future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-            trainings.running[rid] = future
+            trainings.running[key] = future
             task = asyncio.create_task(_train(spec, rid, work))
 
             def settled(t: "asyncio.Task[dict[str, Any]]") -> None:
                 _settle(future, t)
-                trainings.running.pop(rid, None)  # only now: a retry until here must wait, not retrain
+                trainings.running.pop(key, None)  # only now: a retry until here must wait, not retrain
 
             task.add_done_callback(settled)
         return StreamingResponse(_train_events(spec.name, rid, previous, retried),
@@ -229,9 +242,9 @@ def build_app(backend: Any, backend_name: str, home: Path, api_key: Optional[str
             if previous is not None:
                 yield json.dumps({"event": "done", "replayed": True, **previous}) + "\n"
                 return
-            running = trainings.running.get(rid)
+            running = trainings.running.get((name, rid))
             if running is None:  # finished between the request and this stream
-                yield json.dumps({"event": "done", "replayed": True, **(trainings.done(rid) or {})}) + "\n"
+                yield json.dumps({"event": "done", "replayed": True, **(trainings.done(name, rid) or {})}) + "\n"
                 return
             lock = locks.setdefault(name, asyncio.Lock())
             yield json.dumps({"event": "waiting" if retried else "queued", "request_id": rid,
@@ -250,7 +263,7 @@ def build_app(backend: Any, backend_name: str, home: Path, api_key: Optional[str
             t0 = time.monotonic()
             result = await work()
             out = {**result.model_dump(), "request_id": rid, "seconds": time.monotonic() - t0}
-            trainings.finish(rid, out)
+            trainings.finish(spec.name, rid, out)
             return out
 
     @app.get("/v1/art/models/{name}/checkpoints")
