@@ -20,12 +20,13 @@ async with art.session(model) as run:
 from __future__ import annotations
 
 import logging
+import math
 from contextlib import asynccontextmanager
 from importlib.metadata import entry_points
 from typing import Any, AsyncIterator, Optional, Protocol, Sequence, Union, runtime_checkable
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .capture.context import Route, routes
 from .conversations import Examples
@@ -83,6 +84,12 @@ class TrainResult(BaseModel):
     reason: Optional[str] = None
     groups_trained: int = 0
     groups_skipped: int = 0
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _null_is_nan(cls, v: Any) -> Any:
+        # strict JSON (artsdk serve's events) carries a figure that is not finite as null
+        return {k: math.nan if x is None else x for k, x in v.items()} if isinstance(v, dict) else v
 
 
 def nothing_to_train(groups: Sequence[Group], metrics: dict[str, float]) -> str:

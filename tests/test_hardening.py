@@ -53,6 +53,14 @@ def groups_of(served, rewards=(1.0, 0.0), ids=(10, 11, 12), logprobs=None, promp
     return [art.Group(trajectories=trajs)]
 
 
+def nan_part(groups):
+    """The first trajectory's reward made of parts, one of them NaN (so the total is NaN)."""
+    t = groups[0].trajectories[0]
+    t.rewards = {"won": math.nan, "format": 1.0}
+    t.reward = sum(t.rewards.values())
+    return groups
+
+
 # -- isolation ----------------------------------------------------------------------------
 
 async def test_a_poisoned_request_fails_alone(local):
@@ -208,6 +216,7 @@ async def test_bad_training_input_moves_no_weight(local, tmp_path):
         "lr text": (groups_of(served), {"learning_rate": "abc"}, art.BackendError, "learning_rate"),
         "grad norm nan": (groups_of(served), {"max_grad_norm": math.nan}, art.BackendError, "max_grad_norm"),
         "lr huge": (groups_of(served), {"learning_rate": 1e3}, art.BackendError, "learning_rate"),
+        "a part nan": (nan_part(groups_of(served)), {}, art.TrajectoryError, r"its reward part 'won' is nan"),
     }
     for name, (groups, cfg, error, words) in cases.items():
         with pytest.raises(error, match=words):

@@ -57,6 +57,8 @@ def test_a_rollout_name_with_a_surrogate_is_stored(tmp_path):
         back = store.get(t.id)
         assert back.rollout == "agent-caf\\udce9.txt" and back.metadata == {"caf\\udce9.txt": ["caf\\udce9.txt"]}
         assert ESCAPED in back.warnings and ESCAPED in t.warnings
+        store.save(back, replace=True)  # read and saved again: still one warning, not one per save
+        assert back.warnings.count(ESCAPED) == 1 and store.get(t.id).warnings.count(ESCAPED) == 1
 
 
 def test_a_write_that_fails_fails_alone_and_the_writer_goes_on(tmp_path):

@@ -82,3 +82,44 @@ async def test_a_request_id_belongs_to_the_model_it_was_sent_to(tmp_path):
             assert new[-1]["step"] == 1 and not new[-1]["replayed"]
     finally:
         srv.stop()
+
+
+def strict(line: str) -> dict:
+    """A JSON line parsed as any strict parser would: NaN and Infinity are not JSON."""
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(line, parse_constant=refuse)
+
+
+async def test_training_events_are_strict_json_and_step_bodies_are_bounded_before_they_are_built(tmp_path):
+    srv = Serve(tmp_path, free_port()).start()
+    try:
+        async with httpx.AsyncClient(base_url=srv.url, headers=H, timeout=300) as c:
+            (await c.post("/v1/art/models", json={"name": "m", "base_model": "tiny"})).raise_for_status()
+            unscored = groups_json("m")
+            for t in unscored[0]["trajectories"]:
+                t["reward"] = None  # nothing scored: the step's mean reward is not a number
+            async with c.stream("POST", "/v1/art/models/m/train",
+                                json={"request_id": "unscored-1", "groups": unscored}) as r:
+                lines = [line async for line in r.aiter_lines() if line.strip()]
+            done = strict(lines[-1])  # "reward_mean": NaN before
+            assert done["event"] == "done" and done["metrics"]["reward_mean"] is None and not done["trained"]
+            from backends.remote import RemoteBackend
+
+            be = RemoteBackend(srv.url, api_key=KEY)  # the client reads the null back as NaN
+            spec = art.TrainableModel("m", base_model="tiny", project="default")
+            result = await be.train(spec, [art.Group.model_validate(g) for g in unscored])
+            assert result.metrics["reward_mean"] != result.metrics["reward_mean"] and not result.trained
+            await be.close()
+
+            many = '{"request_id": "many-groups", "groups": [' + ",".join(['{"trajectories": []}'] * 1_000_000) + "]}"
+            r = await c.post("/v1/art/models/m/train", content=many, headers={"content-type": "application/json"})
+            assert r.status_code == 422 and "1000000 groups in one step; at most 10000" in r.text
+            wide = {"request_id": "many-trajs", "groups": [{"trajectories": [{}] * 20_000}] * 6}
+            r = await c.post("/v1/art/models/m/train", json=wide)
+            assert r.status_code == 422 and "120000 trajectories in one step; at most 100000" in r.text
+            r = await c.post("/v1/art/models/m/sft", json={"request_id": "many-sft-1", "trajectories": [{}] * 100_001})
+            assert r.status_code == 422 and "100001 trajectories" in r.text
+            assert (await c.get("/v1/art/models/m")).json()["step"] == 0
+    finally:
+        srv.stop()

@@ -140,6 +140,18 @@ def test_failed_writes_on_a_full_disk_wait_in_memory_and_are_all_recovered(tmp_p
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
+def test_a_new_store_on_a_full_disk_says_so_and_leaves_no_empty_file(tmp_path):
+    disk = tmp_path / "disk"
+    _mount_tmpfs(disk, "1m")
+    try:
+        _fill(disk)
+        with pytest.raises(art.StoreError, match=r"the disk holding .* is full"):
+            art.Store(disk / "new.db")
+        assert sorted(p.name for p in disk.iterdir()) == ["filler"]  # no 0-byte file to be called a database
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
 def test_at_close_a_write_that_still_cannot_be_saved_goes_to_the_temporary_folder(tmp_path, monkeypatch):
     disk = tmp_path / "disk"
     _mount_tmpfs(disk, "1m")

@@ -337,6 +337,45 @@ def test_a_request_for_another_host_is_refused(tmp_path):
         thread.join(10)
 
 
+def test_artsdk_view_closes_a_connection_whose_headers_never_end(tmp_path):
+    """`artsdk view` as users start it: a client that sends half its headers (or nothing) is cut
+    off after the header deadline, and the viewer goes on answering others."""
+    import subprocess
+    import sys
+
+    from artsdk.slow_clients import HEADER_TIMEOUT
+
+    odd_store(tmp_path / "s.db")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "artsdk.cli", "view", "--store", str(tmp_path / "s.db"),
+                             "--port", str(port)], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(url + "/api/projects", timeout=1)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "artsdk view did not start"
+                time.sleep(0.2)
+        slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+        slow[0].sendall(b"GET /api/projects HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never the blank line
+        t0 = time.monotonic()
+        for sock in slow:
+            sock.settimeout(HEADER_TIMEOUT + 10)
+            assert sock.recv(1024) == b""  # closed by the viewer (held open for good before)
+            sock.close()
+        assert time.monotonic() - t0 < HEADER_TIMEOUT + 5
+        assert httpx.get(url + "/api/projects", timeout=10).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def test_view_refuses_a_missing_store_and_warns_on_an_open_bind(tmp_path, monkeypatch, capsys):
     import uvicorn
 

@@ -198,6 +198,16 @@ def _hint(path: Optional[Path], e: sa.exc.DatabaseError) -> str:
             header = f.read(16)
     except OSError as oe:
         return f"it cannot be read ({oe})"
-    if header == b"SQLite format 3\x00" or not header:
+    if not header or "full" in str(e.orig).lower():
+        import shutil
+
+        free = shutil.disk_usage(path.parent).free
+        if free < 1024 * 1024 or "full" in str(e.orig).lower():
+            return (f"the disk holding {path.parent} is full ({free} bytes free): free some space, or point "
+                    f"`store` at another disk")
+        if not header:
+            return (f"{path} is an empty file, not a database: move it aside (or delete it) and a new store is "
+                    f"made there")
+    if header == b"SQLite format 3\x00":
         return "it is an SQLite database; the error above is what SQLite said (retry if another process was busy with it)"
     return "it is not an SQLite database or it is corrupt; move it aside and start a new store"

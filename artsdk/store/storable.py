@@ -45,7 +45,8 @@ def storable(t: Trajectory) -> Trajectory:
     for key in ("scenario", "outcome", "metadata"):
         data[key] = _plain(data[key])
     data = escape(data)
-    data["warnings"] = [*data["warnings"], ESCAPED]
+    if ESCAPED not in data["warnings"]:  # once, however often the trajectory is saved
+        data["warnings"] = [*data["warnings"], ESCAPED]
     return Trajectory.model_validate(data)
 
 

@@ -47,7 +47,13 @@ class Store:
             raise StoreError(f"store URL {self.url!r} is not a valid SQLAlchemy URL: {e}") from None
         self.path = sqlite_path(parsed)
         self._engine = connect(parsed, self.path)
-        prepare(self._engine, self.path, str(self.path) if self.path is not None else self.url, allow_foreign)
+        new = self.path is not None and not self.path.exists()
+        try:
+            prepare(self._engine, self.path, str(self.path) if self.path is not None else self.url, allow_foreign)
+        except StoreError:
+            if new:  # a file SQLite made and could not write (a full disk): not left behind as a "database"
+                _remove_empty(self.path)
+            raise
         home = self.path.parent if self.path is not None else Path(cfg.home)
         engine = self._engine
         self.unsaved = home / "unsaved"  # the data of writes that could not be committed (``recover``)
@@ -283,6 +289,15 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({self._where!r})"
+
+
+def _remove_empty(path: Path) -> None:
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            if p.stat().st_size == 0:
+                p.unlink()
+        except OSError:
+            pass
 
 
 async def wait(future: "Future[Any]") -> Any:

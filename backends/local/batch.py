@@ -43,7 +43,10 @@ def advantages(groups: Sequence[Group], scale: bool) -> tuple[list[tuple[Traject
         scored = g.scored
         for t in scored:
             if not isinstance(t.reward, (int, float)) or not math.isfinite(t.reward) or abs(t.reward) > 1e30:
-                raise TrajectoryError(f"trajectory {t.id} has reward {t.reward!r}: rewards must be finite "
+                parts = [f"{k!r} is {v!r}" for k, v in t.rewards.items()
+                         if not isinstance(v, (int, float)) or not math.isfinite(v)]
+                why = f" (its reward part {', '.join(parts)})" if parts else ""
+                raise TrajectoryError(f"trajectory {t.id} has reward {t.reward!r}{why}: rewards must be finite "
                                       f"numbers (check the reward functions); nothing was trained")
         if g.no_signal:
             silent += 1

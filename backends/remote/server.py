@@ -26,6 +26,7 @@ import asyncio
 import io
 import json
 import logging
+import math
 import re
 import tarfile
 import time
@@ -51,6 +52,8 @@ _NAME = re.compile(NAME)
 STEP = r"^[0-9]{1,9}$"  # a checkpoint step: digits only (not "1.0"), and short enough to be a folder name
 MAX_BODY = 256 * 1024 * 1024
 MAX_CONFIG = 64 * 1024
+MAX_GROUPS = 10_000  # in one training step (a body is bounded in groups and trajectories before it is expanded)
+MAX_TRAJECTORIES = 100_000
 
 
 class RegisterRequest(BaseModel):
@@ -78,6 +81,18 @@ class TrainRequest(BaseModel):
     groups: list[Group] = Field(min_length=1)
     config: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("groups", mode="before")
+    @classmethod
+    def _few_enough(cls, v: Any) -> Any:
+        # counted on the parsed JSON, before a Group or Trajectory is built from any of it
+        if isinstance(v, list):
+            if len(v) > MAX_GROUPS:
+                raise ValueError(f"{len(v)} groups in one step; at most {MAX_GROUPS}: split the batch")
+            n = sum(len(g["trajectories"]) for g in v if isinstance(g, dict) and isinstance(g.get("trajectories"), list))
+            if n > MAX_TRAJECTORIES:
+                raise ValueError(f"{n} trajectories in one step; at most {MAX_TRAJECTORIES}: split the batch")
+        return v
+
 
 class SFTRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -85,6 +100,13 @@ class SFTRequest(BaseModel):
     request_id: str = Field(pattern=r"^[A-Za-z0-9_-]{8,64}$")
     trajectories: list[Trajectory] = Field(min_length=1)
     config: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("trajectories", mode="before")
+    @classmethod
+    def _few_enough(cls, v: Any) -> Any:
+        if isinstance(v, list) and len(v) > MAX_TRAJECTORIES:
+            raise ValueError(f"{len(v)} trajectories in one step; at most {MAX_TRAJECTORIES}: split them")
+        return v
 
 
 class Registry:
@@ -124,7 +146,7 @@ class Trainings:
         folder = self.folder / model
         folder.mkdir(exist_ok=True)
         tmp = folder / f"{request_id}.tmp"
-        tmp.write_text(json.dumps(result))
+        tmp.write_text(event(result))
         tmp.replace(folder / f"{request_id}.json")
 
     def forget(self, model: str) -> None:
@@ -240,22 +262,22 @@ def build_app(backend: Any, backend_name: str, home: Path, api_key: Optional[str
                             retried: bool) -> AsyncIterator[str]:
         try:
             if previous is not None:
-                yield json.dumps({"event": "done", "replayed": True, **previous}) + "\n"
+                yield event({"event": "done", "replayed": True, **previous}) + "\n"
                 return
             running = trainings.running.get((name, rid))
             if running is None:  # finished between the request and this stream
-                yield json.dumps({"event": "done", "replayed": True, **(trainings.done(name, rid) or {})}) + "\n"
+                yield event({"event": "done", "replayed": True, **(trainings.done(name, rid) or {})}) + "\n"
                 return
             lock = locks.setdefault(name, asyncio.Lock())
-            yield json.dumps({"event": "waiting" if retried else "queued", "request_id": rid,
+            yield event({"event": "waiting" if retried else "queued", "request_id": rid,
                               "waiting": lock.locked()}) + "\n"
             while not running.done():  # keep the connection alive while the step runs
                 await asyncio.wait({running}, timeout=5)
                 if not running.done():
-                    yield json.dumps({"event": "running", "request_id": rid}) + "\n"
-            yield json.dumps({"event": "done", "replayed": retried, **running.result()}) + "\n"
+                    yield event({"event": "running", "request_id": rid}) + "\n"
+            yield event({"event": "done", "replayed": retried, **running.result()}) + "\n"
         except Exception as e:  # noqa: BLE001 - the stream is open: report in-band
-            yield json.dumps({"event": "error", "message": str(e), "type": type(e).__name__}) + "\n"
+            yield event({"event": "error", "message": str(e), "type": type(e).__name__}) + "\n"
 
     async def _train(spec: TrainableModel, rid: str, work: Any) -> dict[str, Any]:
         # the step goes on even if the client disconnects: its result is kept for a retry
@@ -298,6 +320,22 @@ def build_app(backend: Any, backend_name: str, home: Path, api_key: Optional[str
         app.mount("/", inner)
         _publish_spec(app, inner)
     return app
+
+
+def event(data: dict[str, Any]) -> str:
+    """One line of strict JSON: a figure that is not finite (a mean of no rewards) is null,
+    which ``TrainResult`` reads back as NaN."""
+    return json.dumps(_finite(data), allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _publish_spec(app: FastAPI, inner: FastAPI) -> None:
