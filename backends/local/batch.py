@@ -13,6 +13,7 @@ segment to the next (attention.py).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -125,24 +126,44 @@ class Tokens:
     stale_tokens: int = 0
 
 
-def _same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    def shape(m: dict[str, Any]) -> tuple[Any, Any]:
-        calls = [(tc.get("function") or {}).get("name") for tc in m.get("tool_calls") or () if isinstance(tc, dict)]
-        return (m.get("content") or None, calls or None)
+def _arguments(value: Any) -> Any:
+    """Tool-call arguments compared by what they say: a JSON string and its parse are equal."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
 
-    return shape(a) == shape(b)
+
+def _said(m: Any) -> tuple[Any, Any]:
+    """A message by its content and full tool calls (names and arguments)."""
+    if not isinstance(m, dict):
+        return (m, None)
+    calls = [((tc.get("function") or {}).get("name"), _arguments((tc.get("function") or {}).get("arguments")))
+             for tc in m.get("tool_calls") or () if isinstance(tc, dict)]
+    return (m.get("content") or None, calls or None)
 
 
 def continued_choice(calls: Sequence[LLMCall], n: int) -> Choice:
     """The answer of call ``n`` the agent went on with: with several choices (``n > 1``), the
-    one a later call's conversation carries after this call's messages; the first otherwise."""
+    one whose sampled tokens a later call's prompt carries after this call's prompt, else the
+    one whose message (content and tool calls with their arguments) a later call's
+    conversation carries after this call's messages; the first when none is found."""
     call = calls[n]
     if len(call.choices) < 2:
         return call.choices[0]
-    at = len(call.messages)
+    at, p = len(call.messages), call.prompt_token_ids
     for later in calls[n + 1:]:
+        q = later.prompt_token_ids
+        if p and q and len(q) > len(p) and q[:len(p)] == p:
+            tail = q[len(p):]
+            by_tokens = [c for c in call.choices if c.token_ids and tail[:len(c.token_ids)] == list(c.token_ids)]
+            if by_tokens:
+                return max(by_tokens, key=lambda c: len(c.token_ids or ()))
         if len(later.messages) > at and later.messages[:at] == call.messages:
-            found = [c for c in call.choices if _same_message(c.message, later.messages[at])]
+            said = _said(later.messages[at])
+            found = [c for c in call.choices if _said(c.message) == said]
             if found:
                 return found[0]
     return call.choices[0]
@@ -199,19 +220,23 @@ def segments(traj: Trajectory, advantage: float, tk: Tokenizing) -> Tokens:
     return out
 
 
-def weigh(trajectories: Sequence[list[Segment]], norm: str, max_completion_tokens: int) -> None:
+def weigh(trajectories: Sequence[list[Segment]], norm: str, max_completion_tokens: int,
+          token_share: Optional[float] = None) -> None:
     """Set every segment's per-token weight so that the loss is the chosen normalisation's
     mean over ``trajectories`` (one mini-batch's scored trajectories, those with advantage 0
     included):
 
-    - ``token``: every trained token weighs 1 / (trained tokens of all of them);
+    - ``token``: every trained token weighs ``1 / token_share``: the step's trained tokens
+      (all mini-batches') divided by its number of mini-batches, as TRL divides DAPO's and
+      CISPO's loss -- each token of the step weighs the same, whichever mini-batch it is in;
+      without ``token_share``, the trained tokens of these trajectories;
     - ``sequence``: a trajectory's tokens weigh 1 / (N |o|), |o| its trained tokens over all
       its segments (a multi-turn trajectory split in two weighs what it would in one);
     - ``constant``: every token weighs 1 / (N max_completion_tokens).
     """
     n = max(len(trajectories), 1)
     counts = [sum(s.n_trained for s in segs) for segs in trajectories]
-    total = max(sum(counts), 1)
+    total = max(token_share if token_share is not None else sum(counts), 1)
     for segs, count in zip(trajectories, counts):
         w = {"token": 1.0 / total, "sequence": 1.0 / (n * max(count, 1)),
              "constant": 1.0 / (n * max_completion_tokens)}[norm]

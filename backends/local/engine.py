@@ -9,8 +9,10 @@ step until the request is answered (see ``ServedModel.submit``), so a request in
 a new adapter is published finishes on the one it started with.
 
 Recorded logprobs are those of the distribution sampled from: the logits divided by the
-request's temperature (greedy requests: temperature 1), before top-p -- what the trainer
-recomputes.
+request's temperature (greedy requests: temperature 1), cut by ``min_tokens`` and top-p and
+renormalised, as vLLM's ``processed_logprobs``. The trainer recomputes the tempered, uncut
+distribution; with top_p < 1 the sampler weight min(p_old / p_sampler, is_cap) then corrects
+for the cut (the sampled distribution is the behaviour policy).
 
 The model is shared with the trainer; ``lock`` keeps a training step and a generation
 batch from running on it at the same time.
@@ -310,19 +312,23 @@ class Engine:
                 seqs: list[Seq]) -> tuple[torch.Tensor, torch.Tensor]:
         greedy = temps <= 0
         scaled = logits / torch.where(greedy, torch.ones_like(temps), temps.clamp(min=MIN_TEMPERATURE))[:, None]
-        # logprobs of the tempered distribution (greedy rows: temperature 1): what the trainer recomputes
-        logprobs_all = torch.log_softmax(scaled, dim=-1)
         young = [r for r, s in enumerate(seqs) if len(s.out.token_ids) < s.req.min_tokens]
         if young and self.stop_ids:
             scaled = scaled.clone()
             scaled[torch.tensor(young)[:, None], torch.tensor(sorted(self.stop_ids))[None, :]] = -math.inf
-        probs = torch.softmax(scaled, dim=-1)
+        # the logprob recorded is that of the distribution sampled from: tempered (greedy rows:
+        # temperature 1), then cut by min_tokens and top_p and renormalised -- what vLLM's
+        # processed_logprobs give too, so the sampler weight means the same on both engines
+        logprobs_all = torch.log_softmax(scaled, dim=-1)
+        probs = logprobs_all.exp()
         if bool((top_ps < 1.0).any()):
             sorted_p, order = probs.sort(dim=-1, descending=True)
             over = (sorted_p.cumsum(-1) - sorted_p) > top_ps[:, None]
             sorted_p = sorted_p.masked_fill(over, 0.0)
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-            probs = probs / probs.sum(-1, keepdim=True)
+            kept = probs.sum(-1, keepdim=True)
+            probs = probs / kept
+            logprobs_all = logprobs_all - kept.log()
         if any(s.generator is not None for s in seqs):
             picked = torch.stack([
                 torch.multinomial(probs[r].cpu(), 1, generator=s.generator)[0] for r, s in enumerate(seqs)

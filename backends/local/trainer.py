@@ -3,14 +3,18 @@ logprobs, then mini-batches of updates, each a loss over its rows and one optimi
 
 The old policy is the trainer's own: one no-grad pass over every row, before the first update,
 gives the logprobs of the weights the step starts from (with a single update it is skipped:
-the gradient pass's values, detached, are the same numbers). The batch is then split into
-``minibatches`` (shuffled trajectories, each mini-batch normalised on its own, as TRL does)
-and passed over ``epochs`` times, one optimizer step per mini-batch: from the second update
-on the ratio p / p_old moves and each loss's clip range acts. The sampler's recorded
-logprobs differ from the trainer's (bf16 kernels, batch shapes, a KV cache, an older adapter
-when rollouts ran during training): a truncated importance weight ``min(p_old / p_sampler,
-is_cap)``, separate from the ratio (decoupled PPO), corrects for that, and the gap is
-reported as ``logprob_mismatch``. Logprobs are those of the distribution that was sampled:
+the gradient pass's values, detached, are the same numbers); it stays fixed for every epoch.
+The batch is then split into ``minibatches`` (shuffled trajectories) and passed over
+``epochs`` times, one optimizer step per mini-batch: from the second update on the ratio
+p / p_old moves and each loss's clip range acts. Each mini-batch is normalised as TRL
+normalises it: "sequence" and "constant" over the mini-batch's own trajectories, "token"
+(dapo, cispo) over the step's trained tokens divided by the number of mini-batches, so every
+token weighs the same whichever mini-batch holds it. The sampler's recorded logprobs differ
+from the trainer's (bf16 kernels, batch shapes, a KV cache, top-p, an older adapter when
+rollouts ran during training): an importance weight ``p_old / p_sampler`` capped at
+``is_cap`` (``is_mode``: per token or per trajectory, truncated or masked, TRL's four
+modes), separate from the ratio (decoupled PPO), corrects for that, and the gap is reported
+as ``logprob_mismatch``. The trainer's logprobs are those of the tempered distribution:
 logits divided by the call's temperature.
 
 Losses (``loss=``; A the advantage, r the ratio, w the sampler weight):
@@ -53,6 +57,7 @@ LOSSES = {
     "gspo": (3e-4, 4e-4, "sequence"),
     "cispo": (1.0, 4.0, "token"),
 }
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 PER_UPDATE = 64  # updates whose own figures are reported (update/<i>/...)
 
 
@@ -76,6 +81,9 @@ class TrainConfig:
     max_completion_tokens: int = 1024  # dr_grpo's constant normaliser
     gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, ~30% more time
     is_cap: Optional[float] = 2.0  # truncation of the sampler-correction weight; None: no correction
+    # how the sampler weight is formed and capped, in TRL's words: per token or per trajectory (the product of
+    # its tokens' weights), over the cap truncated or masked to 0 (TRL's default is "sequence_mask" at 3.0)
+    is_mode: str = "token_truncate"
     max_policy_lag: Optional[int] = None  # tokens sampled more than this many steps ago are context; None: any
     seed: int = 0
 
@@ -93,6 +101,8 @@ class TrainConfig:
     def check(self) -> None:
         if self.loss not in LOSSES:
             raise ValueError(f"unknown loss {self.loss!r}; choose one of {sorted(LOSSES)}")
+        if self.is_mode not in IS_MODES:
+            raise ValueError(f"unknown is_mode {self.is_mode!r}; choose one of {list(IS_MODES)}")
         numbers = {"learning_rate": (self.learning_rate, False), "max_grad_norm": (self.max_grad_norm, False),
                    "beta": (self.beta, True), "weight_decay": (self.weight_decay, True),
                    "epsilon": (self.epsilon, True), "epsilon_high": (self.epsilon_high, True),
@@ -256,15 +266,19 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
 
     budget = cfg.tokens_per_row or (4096 if device.startswith("cuda") else 256)
     batches: list[list[Row]] = []
-    for members in minibatches(len(scored), cfg.minibatches, cfg.seed + tk.step):
-        weigh([per_traj[i] for i in members], norm, cfg.max_completion_tokens)
+    groups_of_members = minibatches(len(scored), cfg.minibatches, cfg.seed + tk.step)
+    # "token": each mini-batch's sum over the step's tokens per mini-batch (TRL's DAPO / CISPO normaliser)
+    share = sum(s.n_trained for segs in per_traj for s in segs) / len(groups_of_members)
+    for members in groups_of_members:
+        weigh([per_traj[i] for i in members], norm, cfg.max_completion_tokens, token_share=share)
         units = [per_traj[i] for i in members if takes_part[i]]
         if units:
             batches.append([Row(r, device) for r in pack(units, budget)])
     rows = [r for b in batches for r in b]
     mine = [shard.mine(b) for b in batches]  # this rank's rows of each mini-batch
-    # a trajectory longer than a row spans rows: its GSPO ratio and weight are over all of them
-    spans = {int(u) for u in _spanning(rows)} if cfg.loss == "gspo" else set()
+    # a trajectory longer than a row spans rows: its GSPO ratio and its sequence-level weight are over all of them
+    per_sequence = cfg.loss == "gspo" or cfg.is_mode.startswith("sequence")
+    spans = {int(u) for u in _spanning(rows)} if per_sequence else set()
     old_pass = len(batches) * cfg.epochs > 1 or bool(spans)
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -283,20 +297,20 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
                     for row in (r for b in mine for r in b):
                         _check(stop)
                         row.old = row.logprobs(model)
-            gap_means = _traj_means([r for b in mine for r in b], spans, lambda r: r.old - r.sampler,
+            gap_stats = _traj_stats([r for b in mine for r in b], spans, lambda r: r.old - r.sampler,
                                     shard) if spans else {}
             update = 0
             for epoch in range(cfg.epochs):
                 for batch in mine:
                     update += 1
                     optimizer.zero_grad(set_to_none=True)
-                    ratio_means = _traj_means(batch, spans, lambda r: r.logprobs(model) - r.old,
-                                              shard) if spans else {}
+                    ratio_means = {u: total / n for u, (total, n) in _traj_stats(
+                        batch, spans, lambda r: r.logprobs(model) - r.old, shard).items()} if spans else {}
                     figures = dict.fromkeys(("loss", "clipped", "ratio", "tokens", "kl"), 0.0)
                     for row in batch:
                         _check(stop)
                         _row_loss(model, row, cfg, eps_lo, eps_hi, reference, figures, sums if epoch == 0 else None,
-                                  ratio_means, gap_means)
+                                  ratio_means, gap_stats)
                     _check(stop)
                     shard.sum_grads(params)
                     figures = dict(zip(figures, shard.sum(list(figures.values()))))
@@ -349,7 +363,8 @@ def _check(stop: Optional[threading.Event]) -> None:
 
 def _row_loss(model: Any, row: Row, cfg: TrainConfig, eps_lo: float, eps_hi: float,
               reference: Optional[Callable[[], Any]], figures: dict[str, float],
-              once: Optional[dict[str, float]], ratio_means: dict[int, float], gap_means: dict[int, float]) -> None:
+              once: Optional[dict[str, float]], ratio_means: dict[int, float],
+              gap_stats: dict[int, tuple[float, float]]) -> None:
     """Forward and backward of one packed row; adds its figures to ``figures`` (this update's)
     and, on the first pass over the batch, the sampler-weight figures to ``once``."""
     if len(row.keep) == 0:
@@ -362,27 +377,29 @@ def _row_loss(model: Any, row: Row, cfg: TrainConfig, eps_lo: float, eps_hi: flo
     recorded = ~torch.isnan(row.sampler)
     gap = torch.where(recorded, old - row.sampler, torch.zeros_like(old))  # log(p_old / p_sampler): a constant
     log_ratio = logp - old
-    if cfg.loss == "gspo":
-        # one ratio per trajectory, exp(mean of its log-ratios), with each token's gradient (GSPO-token);
-        # a trajectory spanning rows takes its means over all of them
+    sequence_is = cfg.is_mode.startswith("sequence")
+    if cfg.loss == "gspo" or sequence_is:
+        # per trajectory (a trajectory spanning rows takes its figures over all of them): its sum of
+        # sampler gaps (a sequence-level weight) or their mean (GSPO's token-mode weight), and for
+        # GSPO one ratio, exp(mean of its log-ratios), with each token's gradient (GSPO-token)
         local, traj = torch.unique(row.trajectory, return_inverse=True)
-        count = _per_traj(traj, torch.ones_like(old))
-        mean_lr = _per_traj(traj, log_ratio.detach()) / count
-        mean_gap = _per_traj(traj, gap) / _per_traj(traj, recorded.float()).clamp(min=1)
+        sum_gap, n_gap = _per_traj(traj, gap), _per_traj(traj, recorded.float())
+        mean_lr = _per_traj(traj, log_ratio.detach()) / _per_traj(traj, torch.ones_like(old))
         for j, u in enumerate(local.tolist()):
             if u in ratio_means:
                 mean_lr[j] = ratio_means[u]
-            if u in gap_means:
-                mean_gap[j] = gap_means[u]
-        ratio = torch.exp(mean_lr[traj] + logp - logp.detach())
-        log_w = mean_gap[traj]
+            if u in gap_stats:
+                sum_gap[j], n_gap[j] = gap_stats[u]
+        log_w = (sum_gap if sequence_is else sum_gap / n_gap.clamp(min=1))[traj]
     else:
-        ratio = torch.exp(log_ratio)
         log_w = gap
+    ratio = torch.exp(mean_lr[traj] + logp - logp.detach()) if cfg.loss == "gspo" else torch.exp(log_ratio)
     is_w = torch.exp(log_w)
     if cfg.is_cap is not None:
-        truncated = float((is_w > cfg.is_cap).sum())
-        is_w = is_w.clamp(max=cfg.is_cap)
+        over = is_w > cfg.is_cap
+        truncated = float(over.sum())
+        # *_truncate: the weight is capped; *_mask: a token (or sequence) over the cap is left out
+        is_w = is_w.masked_fill(over, 0.0) if cfg.is_mode.endswith("mask") else is_w.clamp(max=cfg.is_cap)
     else:
         truncated, is_w = 0.0, torch.ones_like(is_w)
     adv = row.advantage
@@ -402,8 +419,14 @@ def _row_loss(model: Any, row: Row, cfg: TrainConfig, eps_lo: float, eps_hi: flo
     loss = (per_token * row.weight).sum()
     loss.backward()
     figures["loss"] += float(loss.detach())
-    # a token is clipped when the clip bound is what its gradient sees (TRL counts the same way)
-    figures["clipped"] += float((((ratio < 1 - eps_lo) & (adv < 0)) | ((ratio > 1 + eps_hi) & (adv > 0))).sum())
+    # a token is clipped when the clip bound is what its gradient sees: for the PPO-style losses the
+    # bound that min() picks (TRL counts the same way); for CISPO the clamped weight, whatever the
+    # advantage's sign (TRL's cispo_clip_ratio counts positive advantages only)
+    if cfg.loss == "cispo":
+        clipped = ((ratio < 1 - eps_lo) | (ratio > 1 + eps_hi)) & (adv != 0)
+    else:
+        clipped = ((ratio < 1 - eps_lo) & (adv < 0)) | ((ratio > 1 + eps_hi) & (adv > 0))
+    figures["clipped"] += float(clipped.sum())
     figures["ratio"] += float(ratio.detach().sum())
     figures["tokens"] += float(len(row.keep))
     if once is not None:
@@ -427,11 +450,11 @@ def _spanning(rows: Sequence[Row]) -> set[int]:
     return out
 
 
-def _traj_means(rows: Sequence[Row], which: set[int], value: Callable[[Row], torch.Tensor],
-                shard: Shard = ALONE) -> dict[int, float]:
-    """Per trajectory in ``which``: the mean of ``value(row)`` over its trained tokens in ``rows``
-    (this rank's; summed over ranks) -- no gradient; NaN values, from tokens without a recorded
-    sampler logprob, do not count."""
+def _traj_stats(rows: Sequence[Row], which: set[int], value: Callable[[Row], torch.Tensor],
+                shard: Shard = ALONE) -> dict[int, tuple[float, float]]:
+    """Per trajectory in ``which``: (sum, count) of ``value(row)`` over its trained tokens in
+    ``rows`` (this rank's; summed over ranks) -- no gradient; NaN values, from tokens without a
+    recorded sampler logprob, do not count."""
     wanted = torch.tensor(sorted(which), dtype=torch.long)
     sums: dict[int, list[float]] = {u: [0.0, 0.0] for u in sorted(which)}
     with torch.no_grad():
@@ -448,7 +471,7 @@ def _traj_means(rows: Sequence[Row], which: set[int], value: Callable[[Row], tor
                 acc[1] += float(sel.sum())
     keys = sorted(sums)
     total = shard.sum([x for u in keys for x in sums[u]])
-    return {u: total[2 * i] / total[2 * i + 1] for i, u in enumerate(keys) if total[2 * i + 1]}
+    return {u: (total[2 * i], total[2 * i + 1]) for i, u in enumerate(keys) if total[2 * i + 1]}
 
 
 def _release_memory() -> None:
