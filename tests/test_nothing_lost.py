@@ -121,3 +121,57 @@ def test_only_a_file_that_is_not_sqlite_is_called_corrupt(tmp_path):
     junk.write_bytes(b"this is not a database at all" * 100)
     with pytest.raises(art.StoreError, match="not an SQLite database or it is corrupt"):
         art.Store(junk)
+
+
+WRITER = """
+import sys
+sys.path.insert(0, {root!r})
+import artsdk as art
+store = art.Store({path!r})
+for i in range({n}):
+    group = [art.Trajectory(rollout={tag!r}, scenario={{"i": i, "k": k}}, reward=float(k)) for k in range(4)]
+    store.save(group)
+    print(" ".join(t.id for t in group), flush=True)
+store.close()
+"""
+
+
+def _writer(path, tag: str, n: int):
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.Popen([sys.executable, "-c", WRITER.format(root=root, path=str(path), tag=tag, n=n)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_writer_killed_mid_commit_leaves_the_store_whole_with_all_it_was_told_is_stored(tmp_path):
+    import signal
+    import sqlite3
+    import time
+
+    path = tmp_path / "s.db"
+    art.Store(path).close()
+    for round_ in range(3):
+        proc = _writer(path, f"k{round_}", 100_000)
+        told = []
+        deadline = time.monotonic() + 60
+        while len(told) < 20 + 15 * round_ and time.monotonic() < deadline:  # killed at a different point each round
+            told.append(proc.stdout.readline().split())
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        with sqlite3.connect(path) as db:
+            assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        with art.Store(path) as store:
+            stored = {t.id for t in store.trajectories(rollout=f"k{round_}")}
+        assert {i for ids in told for i in ids} <= stored  # every save that returned is there
+
+
+def test_two_processes_writing_one_store_lose_nothing(tmp_path):
+    path = tmp_path / "s.db"
+    art.Store(path).close()
+    procs = [_writer(path, tag, 150) for tag in ("a", "b")]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    assert not any("locked" in err for _, err in outs)
+    with art.Store(path) as store:
+        assert store.count(rollout="a") == store.count(rollout="b") == 600
