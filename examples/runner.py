@@ -20,7 +20,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import artsdk as art
 
-HELD_OUT = 10_000  # the seed of the held-out scenarios (training seeds stay below it)
+from . import streams
+from .streams import HELD_OUT  # noqa: F401 - where the examples' own modules look for it
 
 
 def load_config(path: Path, argv: Sequence[str] | None) -> dict[str, Any]:
@@ -40,10 +41,13 @@ def load_config(path: Path, argv: Sequence[str] | None) -> dict[str, Any]:
     ap.add_argument("--resume", action="store_true", default=None,
                     help="finish the model's last run from its last checkpoint (default: a new run from the base "
                          "model, earlier checkpoints moved aside)")
+    ap.add_argument("--control", choices=["sft"], help="instead of GRPO, train each step supervised on the "
+                                                       "scripted answers to the same scenarios (what GRPO adds is "
+                                                       "measured against this), where the example has them")
     a = ap.parse_args(argv)
     cfg = tomllib.loads(a.config.read_text())
     for key in ("steps", "base_model", "group_size", "scenarios_per_step", "eval_games", "eval_every", "warmup", "out",
-                "resume", "seed"):
+                "resume", "seed", "control"):
         if getattr(a, key) is not None:
             cfg[key] = getattr(a, key)
     return cfg
@@ -74,6 +78,13 @@ def at_temperature(rollout: art.Rollout, scenarios: list[Any], temperature: Opti
             else art.Args(s, temperature=temperature) for s in scenarios]
 
 
+def each(trajs: list[art.Trajectory], success: Callable[[art.Trajectory], bool] | None) -> dict[str, list[Any]]:
+    """Per held-out scenario, in order: its reward (None: the rollout failed) and whether it was
+    solved -- what paired differences and standard errors are computed from (bench.stats)."""
+    return {"rewards": [t.reward for t in trajs],
+            "solved": [t.error is None and bool(success(t)) for t in trajs] if success else None}
+
+
 def show(label: str, trajs: list[art.Trajectory], n: int = 3) -> None:
     """A few answers, so a figure can be understood."""
     for t in trajs[:n]:
@@ -85,7 +96,8 @@ def show(label: str, trajs: list[art.Trajectory], n: int = 3) -> None:
 async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
                 make_scenarios: Callable[[int, int, dict[str, Any]], list[Any]],
                 success: Callable[[art.Trajectory], bool] | None = None,
-                warmup: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+                warmup: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None,
+                scripted: Callable[[list[Any], dict[str, Any]], list[dict[str, Any]]] | None = None) -> dict[str, Any]:
     art.configure(project=cfg["project"])
     train_settings = {k: cfg[k] for k in ("learning_rate", "loss", "seed", "minibatches", "epochs") if k in cfg}
     model = art.TrainableModel(cfg["model"], base_model=cfg["base_model"], project=cfg["project"],
@@ -100,20 +112,26 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
                   f"(run with --resume to continue from them instead)", flush=True)
         print(f"run {run.run_id}" + (f", resumed at step {run.step}" if run.resumed else ", from the base model"),
               flush=True)
-        held_out = make_scenarios(cfg.get("eval_games", 16), HELD_OUT, cfg)
+        held_out = streams.held_out(make_scenarios, cfg)
+        control = cfg.get("control")
+        if control and scripted is None:
+            raise SystemExit("--control sft needs an example with scripted answers (temporal_clue, email_agent)")
         eval_t = cfg.get("eval_temperature", 0.0)
         how = f"once each at temperature {eval_t}" if eval_t else "greedily"
+        per: dict[str, Any] = {}  # per-scenario figures of each evaluation
         if run.resumed and "eval_before" in run.meta:  # evaluated when the run began
             before, rate_before = run.meta["eval_before"], run.meta.get("solved_before")
+            per["before"] = run.meta.get("each_before")
             print(f"eval before (when the run began): mean reward {before:.3f} over {len(held_out)} {noun}"
                   + (f", solved {rate_before:.0%}" if rate_before is not None else ""), flush=True)
         else:
             print(f"evaluating on {len(held_out)} held-out {noun}, {how}...", flush=True)
             before, rate_before, trajs = await evaluate(rollout, held_out, rewards, success, eval_t)
+            per["before"] = each(trajs, success)
             print(f"eval before: mean reward {before:.3f} over {len(held_out)} {noun}"
                   + (f", solved {rate_before:.0%}" if rate_before is not None else ""), flush=True)
             show("before", trajs)
-            await run.remember(eval_before=before, solved_before=rate_before)
+            await run.remember(eval_before=before, solved_before=rate_before, each_before=per["before"])
         history, evals = [], []
         if warmup is not None and cfg.get("warmup") and not run.step:  # a supervised warm-up first
             examples = warmup(cfg)
@@ -123,19 +141,30 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
             print(f"step {sft.step} (warm-up): loss {sft.metrics['loss_first_epoch']:.3f} -> {sft.metrics['loss']:.3f} "
                   f"over {int(sft.metrics['examples'])} conversations, {sft.metrics['seconds']:.1f}s", flush=True)
             mean, rate, trajs = await evaluate(rollout, held_out, rewards, success, eval_t)
+            per["warmup"] = each(trajs, success)
             evals.append({"step": sft.step, "reward": mean, "solved": rate, "warmup": True})
             print(f"eval after the warm-up: mean reward {mean:.3f}" + (f", solved {rate:.0%}" if rate is not None else ""),
                   flush=True)
             show("warmed up", trajs)
-            await run.remember(warmup_steps=1, eval_warmup=mean, solved_warmup=rate)
+            await run.remember(warmup_steps=1, eval_warmup=mean, solved_warmup=rate, each_warmup=per["warmup"])
         start = run.step
         target = cfg["steps"] + run.meta.get("warmup_steps", 0)  # GRPO steps, after any warm-up
         for i in range(max(target - start, 0)):  # --resume finishes the run's steps, no more
-            seed = start + i + 1000 * cfg.get("seed", 0)
+            drawn = streams.training(make_scenarios, cfg["scenarios_per_step"], cfg.get("seed", 0), start + i, cfg,
+                                     held_out)  # never a held-out scenario, whatever the seed
+            if control:  # the control: the same scenarios, trained on their scripted answers
+                sft = await run.train_sft(scripted(drawn, cfg), **cfg.get("sft", {}))
+                history.append({"step": sft.step, "sft": True, "control": True, **sft.metrics})
+                print(f"step {sft.step} (control, supervised on {len(drawn)} scripted answers): loss "
+                      f"{sft.metrics['loss']:.3f}, {sft.metrics['seconds']:.1f}s", flush=True)
+                every = cfg.get("eval_every", 0)
+                if every and (i + 1) % every == 0 and i + 1 < target - start:
+                    mean, rate, _ = await evaluate(rollout, held_out, rewards, success, eval_t)
+                    evals.append({"step": run.step, "reward": mean, "solved": rate})
+                continue
             print(f"step {run.step + 1}: gathering {cfg['scenarios_per_step']} x {cfg['group_size']} rollouts...",
                   flush=True)
-            scenarios = at_temperature(rollout, make_scenarios(cfg["scenarios_per_step"], seed, cfg),
-                                       cfg.get("temperature"))  # the config's sampling temperature, if it sets one
+            scenarios = at_temperature(rollout, drawn, cfg.get("temperature"))  # the config's sampling temperature
             groups = await art.gather(rollout, scenarios, group_size=cfg["group_size"], rewards=rewards)
             mean = sum(t.reward for g in groups for t in g.scored) / max(1, sum(len(g.scored) for g in groups))
             label = run.step + 1
@@ -154,6 +183,7 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
                 print(f"eval at step {run.step}: mean reward {mean:.3f}" + (f", solved {rate:.0%}" if rate is not None
                                                                            else ""), flush=True)
         after, rate_after, trajs = await evaluate(rollout, held_out, rewards, success, eval_t)
+        per["after"] = each(trajs, success)
         print(f"eval after {len(history)} steps (the model at step {run.step}): mean reward {after:.3f} over "
               f"{len(held_out)} {noun}"
               + (f", solved {rate_after:.0%}" if rate_after is not None else "")
@@ -163,9 +193,11 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
     where_next(model, final_step)
     warm = {"after_warmup": meta["eval_warmup"], "solved_after_warmup": meta.get("solved_warmup")} \
         if "eval_warmup" in meta else {}
+    per.setdefault("warmup", meta.get("each_warmup"))
     evals.append({"step": final_step, "reward": after, "solved": rate_after})
     return {"before": before, "after": after, "solved_before": rate_before, "solved_after": rate_after, **warm,
-            "eval_scenarios": len(held_out), "history": history, "evals": evals, "run": run_id}
+            "eval_scenarios": len(held_out), "history": history, "evals": evals, "run": run_id,
+            "each": {k: v for k, v in per.items() if v is not None}, "control": control}
 
 
 def where_next(model: art.TrainableModel, step: int) -> None:
@@ -199,10 +231,15 @@ class Example:
     rewards: list[Any]
     make_scenarios: Callable[[int, int, dict[str, Any]], list[Any]]
     success: Callable[[art.Trajectory], bool] | None = None
-    # (held-out scenarios, config) -> {baseline name: the outcome its policy reaches on each}
-    baselines: Callable[[list[Any], dict[str, Any]], dict[str, list[Any]]] | None = None
+    # (held-out scenarios, config, draw) -> {baseline name: the outcome its policy reaches on each};
+    # ``draw`` seeds the baselines that choose at random (another draw, other choices)
+    baselines: Callable[[list[Any], dict[str, Any], int], dict[str, list[Any]]] | None = None
     rewards_for: Callable[[dict[str, Any]], list[Any]] | None = None  # rewards chosen by the config
     warmup: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None  # SFT conversations
+    # (scenarios, config) -> the scripted player's conversations on them: the --control sft run's data
+    scripted: Callable[[list[Any], dict[str, Any]], list[dict[str, Any]]] | None = None
+    # baselines that draw at random: their expected value is taken over many draws (bench.examples)
+    random_baselines: frozenset[str] = frozenset()
 
 
 def main(example: Example, argv: Sequence[str] | None = None) -> None:
@@ -212,7 +249,7 @@ def main(example: Example, argv: Sequence[str] | None = None) -> None:
     rewards = example.rewards_for(cfg) if example.rewards_for is not None else example.rewards
     try:
         result = asyncio.run(train(cfg, example.rollout, rewards, example.make_scenarios, example.success,
-                                   warmup=example.warmup))
+                                   warmup=example.warmup, scripted=example.scripted))
     except KeyboardInterrupt:
         print("\ninterrupted: rollouts in flight were stored as interrupted, and every finished step is "
               "in its checkpoint. Run again with --resume to continue, or without to start fresh.",

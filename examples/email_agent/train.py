@@ -8,7 +8,8 @@ on questions it has not seen; the held-out questions are never trained on, in ei
 import random
 from pathlib import Path
 
-from examples.runner import HELD_OUT, Example, main
+from examples.runner import Example, main
+from examples.streams import HELD_OUT
 
 from .agent import REWARDS, is_correct, judged, questions, research
 from .baselines import BASELINES, warmup_conversations
@@ -42,12 +43,17 @@ def answered_right(traj) -> bool:
     return is_correct(traj.outcome.get("answer"), q.answer if hasattr(q, "answer") else q["answer"])
 
 
-def baselines(held_out: list, cfg: dict) -> dict:
+def baselines(held_out: list, cfg: dict, draw: int = 0) -> dict:
     return {name: [policy(q) for q in held_out] for name, policy in BASELINES.items()}
 
 
+def scripted(qs: list, cfg: dict) -> list[dict]:
+    """The scripted researcher's conversations on these questions (the --control sft run's data)."""
+    return warmup_conversations(qs)
+
+
 EXAMPLE = Example("email_agent", Path(__file__).with_name("config.toml"), research, REWARDS, make_scenarios,
-                  success=answered_right, baselines=baselines, rewards_for=rewards, warmup=warmup)
+                  success=answered_right, baselines=baselines, rewards_for=rewards, warmup=warmup, scripted=scripted)
 
 if __name__ == "__main__":
     main(EXAMPLE)

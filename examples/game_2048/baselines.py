@@ -18,9 +18,10 @@ def corner(board: Board, rng: random.Random) -> str:
     return next(d for d in ("down", "left", "right", "up") if board.can_move(d))
 
 
-def play_with(policy: Callable[[Board, random.Random], str], seed: int, turns: int) -> dict:
-    """The outcome the rollout would return, had ``policy`` chosen the moves."""
-    board, rng, moves = Board(seed=seed), random.Random(seed), []
+def play_with(policy: Callable[[Board, random.Random], str], seed: int, turns: int, draw: int = 0) -> dict:
+    """The outcome the rollout would return, had ``policy`` chosen the moves (a random policy's
+    choices seeded by the board and ``draw``)."""
+    board, rng, moves = Board(seed=seed), random.Random(f"{seed}/{draw}"), []
     for _ in range(turns):
         if board.over:
             break
@@ -31,3 +32,4 @@ def play_with(policy: Callable[[Board, random.Random], str], seed: int, turns: i
 
 
 BASELINES = {"random legal move": random_move, "down-left-right-up (scripted)": corner}
+RANDOM = frozenset({"random legal move"})  # baselines whose expected value is taken over many draws

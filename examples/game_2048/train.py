@@ -6,7 +6,7 @@ import artsdk as art
 from examples.runner import Example, main
 
 from .agent import MAX_TURNS, REWARDS, play
-from .baselines import BASELINES, play_with
+from .baselines import BASELINES, RANDOM, play_with
 from .game import scenarios
 
 
@@ -20,13 +20,13 @@ def no_invalid_move(traj) -> bool:
     return traj.outcome.get("invalid") is None
 
 
-def baselines(held_out: list, cfg: dict) -> dict:
-    return {name: [play_with(policy, s.args[0], s.kwargs["turns"]) for s in held_out]
+def baselines(held_out: list, cfg: dict, draw: int = 0) -> dict:
+    return {name: [play_with(policy, s.args[0], s.kwargs["turns"], draw) for s in held_out]
             for name, policy in BASELINES.items()}
 
 
 EXAMPLE = Example("game_2048", Path(__file__).with_name("config.toml"), play, REWARDS, make_scenarios,
-                  success=no_invalid_move, baselines=baselines)
+                  success=no_invalid_move, baselines=baselines, random_baselines=RANDOM)
 
 if __name__ == "__main__":
     main(EXAMPLE)

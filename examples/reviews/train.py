@@ -15,7 +15,7 @@ def make_scenarios(n: int, seed: int, cfg: dict):
     return reviews(n, seed)
 
 
-def baselines(held_out: list, cfg: dict) -> dict:
+def baselines(held_out: list, cfg: dict, draw: int = 0) -> dict:
     return {name: [policy(review) for review in held_out] for name, policy in BASELINES.items()}
 
 

@@ -3,10 +3,11 @@
 from pathlib import Path
 
 import artsdk as art
-from examples.runner import HELD_OUT, Example, main
+from examples.runner import Example, main
+from examples.streams import WARMUP, held_out, key
 
 from .agent import REWARDS, SIZE, SYSTEM, solve
-from .baselines import BASELINES, play_with, solve as deduce
+from .baselines import BASELINES, RANDOM, play_with, solve as deduce
 from .puzzle import generate, scenarios
 
 
@@ -19,25 +20,30 @@ def solved(traj) -> bool:
     return traj.outcome.get("score") == 1.0
 
 
-def baselines(held_out: list, cfg: dict) -> dict:
-    return {name: [play_with(policy, s.args[0], s.kwargs["size"]) for s in held_out]
+def baselines(held: list, cfg: dict, draw: int = 0) -> dict:
+    return {name: [play_with(policy, s.args[0], s.kwargs["size"], draw) for s in held]
             for name, policy in BASELINES.items()}
 
 
-def warmup(cfg: dict) -> list[dict]:
-    """Puzzles solved by checking every candidate, written as the answer the agent is asked for
-    (``warmup`` of them; puzzles neither trained on nor held out)."""
+def scripted(puzzles: list, cfg: dict) -> list[dict]:
+    """The puzzles solved by checking every candidate, written as the answer the agent is asked for."""
     out = []
-    for seed in scenarios(cfg.get("warmup", 0), HELD_OUT + 1):
-        p = play_with(deduce, seed, cfg.get("size", SIZE))
+    for s in puzzles:
+        seed, size = s.args[0], s.kwargs["size"]
         out.append({"messages": [{"role": "system", "content": SYSTEM},
-                                 {"role": "user", "content": generate(seed, size=cfg.get("size", SIZE)).prompt()},
-                                 {"role": "assistant", "content": p["answer"]}]})
+                                 {"role": "user", "content": generate(seed, size=size).prompt()},
+                                 {"role": "assistant", "content": play_with(deduce, seed, size)["answer"]}]})
     return out
 
 
+def warmup(cfg: dict) -> list[dict]:
+    """``warmup`` scripted solutions of puzzles of their own stream (never held out)."""
+    n, banned = cfg.get("warmup", 0), {key(s) for s in held_out(make_scenarios, cfg)}
+    return scripted([s for s in make_scenarios(2 * n, WARMUP, cfg) if key(s) not in banned][:n], cfg)
+
+
 EXAMPLE = Example("temporal_clue", Path(__file__).with_name("config.toml"), solve, REWARDS, make_scenarios,
-                  success=solved, baselines=baselines, warmup=warmup)
+                  success=solved, baselines=baselines, warmup=warmup, scripted=scripted, random_baselines=RANDOM)
 
 if __name__ == "__main__":
     main(EXAMPLE)

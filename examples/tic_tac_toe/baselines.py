@@ -35,10 +35,11 @@ def win_block_centre(game: Game, rng: random.Random) -> str:
     return rng.choice(free)
 
 
-def play_with(policy: Callable[[Game, random.Random], str], game: Game) -> dict:
-    """The outcome the rollout would return, had ``policy`` chosen X's moves."""
+def play_with(policy: Callable[[Game, random.Random], str], game: Game, draw: int = 0) -> dict:
+    """The outcome the rollout would return, had ``policy`` chosen X's moves (a random policy's
+    choices seeded by the game and ``draw``; the opponent's by the game alone)."""
     game = Game(seed=game.seed, opponent=game.opponent)
-    rng, mine = random.Random(game.seed), random.Random(game.seed + 1)
+    rng, mine = random.Random(game.seed), random.Random(f"{game.seed}/{draw}")
     moves = []
     while game.winner() is None:
         move = policy(game, mine)
@@ -51,3 +52,4 @@ def play_with(policy: Callable[[Game, random.Random], str], game: Game) -> dict:
 
 BASELINES = {"random legal move": random_cell, "first free cell (scripted)": first_free,
              "win, block, centre (scripted)": win_block_centre}
+RANDOM = frozenset({"random legal move"})  # baselines whose expected value is taken over many draws

@@ -5,7 +5,7 @@ from pathlib import Path
 from examples.runner import Example, main
 
 from .agent import legal_moves, play, result
-from .baselines import BASELINES, play_with
+from .baselines import BASELINES, RANDOM, play_with
 from .game import scenarios
 
 
@@ -17,12 +17,12 @@ def won(traj) -> bool:
     return traj.outcome.get("winner") == "x"
 
 
-def baselines(held_out: list, cfg: dict) -> dict:
-    return {name: [play_with(policy, game) for game in held_out] for name, policy in BASELINES.items()}
+def baselines(held_out: list, cfg: dict, draw: int = 0) -> dict:
+    return {name: [play_with(policy, game, draw) for game in held_out] for name, policy in BASELINES.items()}
 
 
 EXAMPLE = Example("tic_tac_toe", Path(__file__).with_name("config.toml"), play, [result, legal_moves], make_scenarios,
-                  success=won, baselines=baselines)
+                  success=won, baselines=baselines, random_baselines=RANDOM)
 
 if __name__ == "__main__":
     main(EXAMPLE)
