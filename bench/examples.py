@@ -4,12 +4,18 @@ does, and set the held-out results beside simple baselines on the same scenarios
 
     python -m bench.examples tic_tac_toe [--seeds 0 1] [--steps 20 ...]    # options go to the example
     python -m bench.examples email_agent --model-url http://host:8000/v1 --model Qwen/Qwen2.5-7B-Instruct
+    python -m bench.examples temporal_clue --seeds 0 1 --control sft          # the warm-up-only control
     python -m bench.examples --plot-only                                     # redraw from the results
 
-Writes bench/results/example_<name>.json (every seed's evaluations, steps and time, the
-baselines, the commands) and docs/img/example_<name>.png (the curves), then rewrites
-docs/examples.md. A model by URL (any OpenAI-compatible endpoint) is evaluated on the same
-held-out scenarios, greedily, and added as a baseline; nothing is trained then.
+Writes bench/results/example_<name>.json (every seed's evaluations, each held-out scenario's
+reward, steps and time, the baselines, the commands) and docs/img/example_<name>.png (the
+curves), then rewrites docs/examples.md, every figure with its standard error and every gain
+paired on the same scenarios (bench/stats.py). A baseline that chooses at random is scored as
+its expected value over ``DRAWS`` draws, with the spread of one draw. ``--control sft`` runs go
+beside the GRPO runs: after the same warm-up, each step trains supervised on the scripted
+answers to the same scenarios, so the page shows what GRPO added over more supervision. A
+model by URL (any OpenAI-compatible endpoint) is evaluated on the same held-out scenarios,
+greedily, and added as a baseline; nothing is trained then.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from bench.common import RESULTS, save_result
 ROOT = Path(__file__).resolve().parent.parent
 IMG = ROOT / "docs" / "img"
 NAMES = ["reviews", "tic_tac_toe", "game_2048", "temporal_clue", "email_agent"]
+DRAWS = 200  # draws of a random baseline on the held-out set
 
 
 def example_of(name: str) -> Any:
@@ -73,15 +80,30 @@ async def scored(example: Any, cfg: dict[str, Any], held_out: list[Any], outcome
     trajs = await art.replay.rescore(trajs, rewards, groups=False) if rewards else trajs
     rewards_ = [t.reward for t in trajs]
     solved = sum(bool(example.success(t)) for t in trajs) / len(trajs) if example.success else None
-    return {"reward": sum(rewards_) / len(rewards_), "solved": solved, "scenarios": len(trajs)}
+    return {"reward": sum(rewards_) / len(rewards_), "solved": solved, "scenarios": len(trajs), "each": rewards_}
 
 
-async def baselines(example: Any, cfg: dict[str, Any]) -> dict[str, Any]:
-    from examples.runner import HELD_OUT
+async def baselines(example: Any, cfg: dict[str, Any], draws: int = DRAWS) -> dict[str, Any]:
+    """Each baseline on the held-out scenarios: a scripted one once, with the standard error of
+    its mean over the scenarios; a random one as its expected value over ``draws`` draws, with
+    the spread of one draw's mean."""
+    from bench.stats import expected, mean_se
+    from examples.streams import held_out as held_out_of
 
-    held_out = example.make_scenarios(cfg.get("eval_games", 16), HELD_OUT, cfg)
-    plays = example.baselines(held_out, cfg) if example.baselines else {}
-    return {label: await scored(example, cfg, held_out, outcomes) for label, outcomes in plays.items()}
+    held_out = held_out_of(example.make_scenarios, cfg)
+    if not example.baselines:
+        return {}
+    rows: dict[str, Any] = {}
+    for label, outcomes in example.baselines(held_out, cfg, 0).items():
+        row = await scored(example, cfg, held_out, outcomes)
+        if label in example.random_baselines:
+            runs = [row] + [await scored(example, cfg, held_out, example.baselines(held_out, cfg, d)[label])
+                            for d in range(1, draws)]
+            row = {**expected([r["each"] for r in runs]), "scenarios": len(held_out),
+                   "solved": sum(r["solved"] for r in runs) / len(runs) if row["solved"] is not None else None}
+        row["se"] = mean_se(row["each"])[1]
+        rows[label] = row
+    return rows
 
 
 async def by_url(example: Any, cfg: dict[str, Any], url: str, model: str, api_key: str) -> dict[str, Any]:
@@ -89,14 +111,15 @@ async def by_url(example: Any, cfg: dict[str, Any], url: str, model: str, api_ke
     the config's ``eval_temperature``, as the trained model is evaluated)."""
     from openai import AsyncOpenAI
 
-    from examples.runner import HELD_OUT, evaluate
+    from examples.runner import evaluate
+    from examples.streams import held_out as held_out_of
 
     agent = importlib.import_module(example.rollout.fn.__module__)
     client = AsyncOpenAI(base_url=url, api_key=api_key)
     saved = agent.client, agent.MODEL
     agent.client, agent.MODEL = client, model
     try:
-        held_out = example.make_scenarios(cfg.get("eval_games", 16), HELD_OUT, cfg)
+        held_out = held_out_of(example.make_scenarios, cfg)
         rewards = example.rewards_for(cfg) if example.rewards_for else example.rewards
         mean, rate, trajs = await evaluate(example.rollout, held_out, rewards, example.success,
                                            cfg.get("eval_temperature", 0.0))
@@ -104,7 +127,8 @@ async def by_url(example: Any, cfg: dict[str, Any], url: str, model: str, api_ke
         agent.client, agent.MODEL = saved
         await client.close()
     failed = sum(t.error is not None for t in trajs)
-    return {"reward": mean, "solved": rate, "scenarios": len(trajs), "failed": failed, "url": url}
+    return {"reward": mean, "solved": rate, "scenarios": len(trajs), "failed": failed, "url": url,
+            "each": [t.reward for t in trajs]}
 
 
 def plot(name: str, data: dict[str, Any], path: Path) -> None:
@@ -124,9 +148,13 @@ def plot(name: str, data: dict[str, Any], path: Path) -> None:
         batches = [(h["step"], h["reward"]) for h in run["history"] if "reward" in h]
         if batches:
             ax.plot(*zip(*batches), color=c, linewidth=0.8, alpha=0.5, label=f"training batches, seed {run['seed']}")
-        warm = [h["step"] for h in run["history"] if h.get("sft")]
+        warm = [h["step"] for h in run["history"] if h.get("sft") and not h.get("control")]
         if warm and i == 0:
             ax.axvspan(0, warm[-1], color="gray", alpha=0.12, label="SFT warm-up")
+    for i, run in enumerate(data.get("controls", [])):  # the same warm-up, then supervised steps instead of GRPO
+        evals = [(0, run["before"])] + [(e["step"], e["reward"]) for e in run.get("evals", [])]
+        ax.plot(*zip(*evals), marker="s", color=colors[i % len(colors)], linewidth=1.2, linestyle="--",
+                label=f"control (SFT instead of GRPO), seed {run['seed']}")
     styles = iter([":", "--", "-."])
     for label, b in data.get("baselines", {}).items():
         ax.axhline(b["reward"], color="black", linestyle=next(styles, "--"), linewidth=1, label=label)
@@ -141,7 +169,7 @@ def plot(name: str, data: dict[str, Any], path: Path) -> None:
 
 
 def _settings(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in cfg.items() if k not in ("seed", "out", "resume")}
+    return {k: v for k, v in cfg.items() if k not in ("seed", "out", "resume", "control")}
 
 
 def run(name: str, seeds: list[int], options: list[str], url: str | None, model: str | None, key: str) -> None:
@@ -154,27 +182,35 @@ def run(name: str, seeds: list[int], options: list[str], url: str | None, model:
     data: dict[str, Any] = {"example": name, "base_model": cfg["base_model"], "device": "CPU", "runs": [],
                             "baselines": old.get("baselines", {}), "machine": f"{os.cpu_count()} CPU cores, "
                             f"{platform.machine()}"}
-    kept = [r for r in old.get("runs", []) if r["seed"] not in seeds]
+    control = cfg.get("control")
+    where = "controls" if control else "runs"  # a control's runs are kept beside the GRPO runs
+    data.update({k: old[k] for k in ("runs", "controls", "config", "command", "control_command", "budget_seconds",
+                                     "note") if k in old})
+    kept = [r for r in old.get(where, []) if r["seed"] not in seeds]
     runs: list[dict[str, Any]] = []
     for seed in seeds:  # saved after each seed: a benchmark cut short keeps the seeds it finished
         runs.append(train_seed(name, seed, options))
         same = lambda r: _settings(r["config"]) == _settings(runs[0]["config"])  # noqa: E731
-        data["runs"] = sorted([r for r in kept if same(r)] + runs, key=lambda r: r["seed"])
-        data["config"] = runs[0]["config"]
-        data["command"] = f"python -m bench.examples {name} --seeds {' '.join(str(r['seed']) for r in data['runs'])}" \
-                          + "".join(f" {o}" for o in options)
-        data["budget_seconds"] = max(r["seconds"] for r in data["runs"])
+        data[where] = sorted([r for r in kept if same(r)] + runs, key=lambda r: r["seed"])
+        command = f"python -m bench.examples {name} --seeds {' '.join(str(r['seed']) for r in data[where])}" \
+                  + "".join(f" {o}" for o in options)
+        if control:
+            data["control_command"] = command
+        else:
+            data["config"], data["command"] = runs[0]["config"], command
+            data["budget_seconds"] = max(r["seconds"] for r in data["runs"])
         save_result(f"example_{name}", data)
-    if not seeds and old:
-        data.update({k: old[k] for k in ("runs", "config", "command", "budget_seconds", "note") if k in old})
-    data["baselines"].update(asyncio.run(baselines(example, cfg)))
+    # recomputed each time (expected values over draws, per-scenario figures); models by URL are kept
+    data["baselines"] = {**asyncio.run(baselines(example, cfg)),
+                         **{k: v for k, v in old.get("baselines", {}).items() if "url" in v}}
     if url:
         data["baselines"][f"{model} (by URL)"] = asyncio.run(by_url(example, cfg, url, model or "default", key))
     save_result(f"example_{name}", data)
     if data["runs"]:
         plot(name, data, IMG / f"example_{name}.png")
-    for r in data["runs"]:
-        print(f"{name} seed {r['seed']}: held-out {r['before']:.3f} -> {r['after']:.3f} ({r['seconds'] / 60:.1f} min)")
+    for r in data.get("runs", []) + data.get("controls", []):
+        print(f"{name} seed {r['seed']}{' (control)' if r.get('control') else ''}: held-out {r['before']:.3f} -> "
+              f"{r['after']:.3f} ({r['seconds'] / 60:.1f} min)")
     for label, b in data["baselines"].items():
         print(f"{name} baseline {label}: {b['reward']:.3f}")
 
@@ -198,7 +234,7 @@ def main() -> None:
         ap.error("name an example (or --plot-only)")
     else:
         run(a.name, a.seeds, options, a.model_url, a.model, a.api_key)
-    from bench.report import examples_page
+    from bench.examples_page import examples_page
 
     examples_page()
 

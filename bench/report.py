@@ -355,136 +355,6 @@ SECTIONS = [
     (("viewer",), section_viewer),
 ]
 
-# per example: title, what it is, what "solved" counts, its rewards, a GPU recipe (not yet run here)
-EXAMPLES = {
-    "reviews": ("Review labeller (the demo)",
-                "A short product review in, one word out (positive or negative): the README's demo.",
-                "exactly the right label, nothing else",
-                "1 for the right label alone, less for the right label inside a sentence, 0 otherwise",
-                'base_model = "Qwen/Qwen2.5-3B-Instruct"\nbackend_options = {device = "cuda"}\nsteps = 20'),
-    "tic_tac_toe": ("Tic-tac-toe",
-                    "The model plays X against an opponent, one move per call, shown the board and the free cells.",
-                    "won",
-                    "win 1, draw 0.5, loss 0, an illegal or unreadable move -0.5 (and the game ends); "
-                    "+0.02 a legal move",
-                    'base_model = "Qwen/Qwen2.5-3B-Instruct"\nbackend_options = {device = "cuda"}\n'
-                    'opponent = "minimax"\nsteps = 50\nscenarios_per_step = 16\ngroup_size = 8'),
-    "game_2048": ("2048",
-                  "The model plays 2048, one direction per call, shown the board.",
-                  "every move readable and moving something, to the turn limit or the game's end",
-                  "log2(largest tile)/11 + 0.5 x log-scaled board total; -0.5 for an unreadable or useless move "
-                  "(the game ends)",
-                  'base_model = "Qwen/Qwen2.5-7B-Instruct"\nbackend_options = {device = "cuda", engine = "vllm"}\n'
-                  'turns = 200\nsteps = 60\nscenarios_per_step = 16\ngroup_size = 8'),
-    "temporal_clue": ("Temporal Clue",
-                      "A murder puzzle of clues about who, with what, where and when; the model answers four lines.",
-                      "all four answers right",
-                      "the fraction of who / weapon / room / time right, + 0.2 x the fraction of the four answer "
-                      "lines present",
-                      'base_model = "Qwen/Qwen2.5-7B-Instruct"\nbackend_options = {device = "cuda", engine = "vllm"}\n'
-                      'size = 5\nsteps = 60\nscenarios_per_step = 16\ngroup_size = 8'),
-    "email_agent": ("Email research agent",
-                    "A question about an inbox of 3,000 emails; the model searches (full text), reads emails "
-                    "and answers with its sources, through tool calls, over up to six turns. The held-out "
-                    "questions are never trained on, in the warm-up or after.",
-                    "the right answer",
-                    "1 for the right answer citing its email (0.7 without), 0 for \"I don't know\", -0.5 for a "
-                    "wrong answer; +0.1 each for finding and reading the right email, +0.1 for a well-formed "
-                    "tool call, -0.02 a turn past the third (and, with `judge_model` set, a judge's score x 0.5)",
-                    'base_model = "Qwen/Qwen2.5-7B-Instruct"\nbackend_options = {device = "cuda", engine = "vllm"}\n'
-                    'warmup = 0   # a 7B model calls tools on its own\nsteps = 40\nscenarios_per_step = 12\n'
-                    'group_size = 8\n# judge_model = "gpt-4o-mini"'),
-}
-
-
-def _spread(values: list[float]) -> str:
-    values = [v for v in values if v is not None]
-    if not values:
-        return "-"
-    mean = sum(values) / len(values)
-    if len(values) == 1:
-        return f"{mean:.3f}"
-    return f"{mean:.3f} ({', '.join(f'{v:.3f}' for v in values)})"
-
-
-def _pct(values: list) -> str:
-    values = [v for v in values if v is not None]
-    return "-" if not values else " / ".join(f"{v:.0%}" for v in values)
-
-
-def _seed_command(key: str, command: str) -> str:
-    """A seed's command as a user runs it from any folder (the venv's artsdk), seed N."""
-    import re
-
-    args = re.sub(r" --seed \d+", " --seed N", command.replace(f"python -m examples.{key}.train", "", 1))
-    return f".venv/bin/artsdk train examples/{key}{args}"
-
-
-def example_section(key: str, r: dict | None) -> list[str]:
-    title, what, solved, rewards, gpu = EXAMPLES[key]
-    out = [f"## {title}", "", what, "", f"Reward: {rewards}. Solved: {solved}.", ""]
-    runs = (r or {}).get("runs") or []
-    if not runs:
-        return out + [f"Not measured yet: `.venv/bin/python -m bench.examples {key}`.", ""]
-    cfg = r["config"]
-    seeds = ", ".join(str(x["seed"]) for x in runs)
-    grpo = cfg["steps"]
-    knobs = {k: cfg[k] for k in ("turns", "size", "opponent", "temperature", "warmup") if k in cfg}
-    out += [f"On the CPU ({r['machine']}): {grpo} GRPO steps of {cfg['scenarios_per_step']} scenarios x "
-            f"{cfg['group_size']} rollouts"
-            + (f" after a supervised warm-up on {cfg['warmup']} of the scripted baseline's conversations"
-               if cfg.get("warmup") else "")
-            + f", {cfg.get('eval_games', 16)} held-out scenarios "
-            + (f"played once each at temperature {cfg['eval_temperature']}" if cfg.get("eval_temperature")
-               else "answered greedily")
-            + (f"; difficulty: {', '.join(f'{k} = {v!r}' for k, v in knobs.items() if k != 'warmup')}"
-               if set(knobs) - {"warmup"} else "")
-            + f". Seeds {seeds}; a run took {sum(x['seconds'] for x in runs) / len(runs) / 60:.0f} minutes on "
-              f"average (at most {max(x['seconds'] for x in runs) / 60:.0f}), evaluations included.", "",
-            *([r["note"], ""] if r.get("note") else []),
-            "| held out | mean reward (seeds " + seeds + ") | solved |", "|---|---|---|",
-            f"| {r['base_model'].split('/')[-1]}, untrained | {_spread([x['before'] for x in runs])} | "
-            f"{_pct([x.get('solved_before') for x in runs])} |"]
-    if any("after_warmup" in x for x in runs):
-        out.append(f"| after the SFT warm-up | {_spread([x.get('after_warmup') for x in runs])} | "
-                   f"{_pct([x.get('solved_after_warmup') for x in runs])} |")
-    out.append(f"| **trained** ({'warm-up + ' if cfg.get('warmup') else ''}{grpo} GRPO steps) | "
-               f"**{_spread([x['after'] for x in runs])}** | {_pct([x.get('solved_after') for x in runs])} |")
-    for label, b in r.get("baselines", {}).items():
-        out.append(f"| {label} | {b['reward']:.3f} | {_pct([b.get('solved')])} |")
-    gains = [f"{x['after'] - x['before']:+.3f}" + (f" ({x['after_warmup'] - x['before']:+.3f} from the warm-up, "
-                                                   f"{x['after'] - x['after_warmup']:+.3f} from GRPO)"
-                                                   if x.get("after_warmup") is not None else "") for x in runs]
-    out += ["", f"Held-out gain: {', '.join(gains)} (seeds {seeds}).", "",
-            f"![{title}: reward by step](img/example_{key}.png)", "",
-            f"Reproduce, in the clone: `.venv/bin/{r['command']}`. Each seed is "
-            f"`{_seed_command(key, runs[0]['command'])}`, which the benchmark runs in an empty folder of its own "
-            "(its own store and checkpoints).", "",
-            "On a GPU (a recipe, not yet run here): in the example's config.toml,", "", "```toml", gpu, "```", ""]
-    return out
-
-
-def examples_page() -> None:
-    lines = ["# Examples: do they learn?", "",
-             "Each example is plain agent code (`examples/<name>/agent.py`) with its rewards, trained by",
-             "`.venv/bin/artsdk train examples/<name>` (or `make ttt`, `make 2048`, `make clue`, `make email`,",
-             "`make reviews`; in the activated venv, `python -m examples.<name>.train`) from its `config.toml`.",
-             "Below, each one trained from the",
-             "embedded SmolLM2-135M-Instruct on the CPU, from scratch on two seeds, in the minutes its",
-             "section gives; the same held-out scenarios (never trained on) are answered greedily (or, where a",
-             "section says so, played once each at its config's `eval_temperature`) before, after any",
-             "warm-up, and at the end, and set beside simple baselines scored by the same rewards.",
-             "`python -m bench.examples <name>` produced every table and picture here; `--model-url URL",
-             "--model NAME` adds any OpenAI-compatible model as one more row.", "",
-             "What to expect of a 135M model on a CPU: it learns formats, legal moves and short exact",
-             "answers within minutes, and a tool-calling routine once shown a few conversations; it does",
-             "not learn to out-plan a scripted player. Each config's difficulty knobs (turns, puzzle size,",
-             "the warm-up) are set for the CPU; the GPU recipes keep the full tasks.", ""]
-    for key in EXAMPLES:
-        lines += example_section(key, load(f"example_{key}"))
-    (DOC.parent / "examples.md").write_text("\n".join(lines))
-
-
 def main() -> None:
     lines = ["# Benchmarks", "",
              "Measured on the project's CI machine kind (2 CPU cores, no GPU). These machines are",
@@ -496,6 +366,8 @@ def main() -> None:
         if found:
             lines += section(found)
     DOC.write_text("\n".join(lines))
+    from bench.examples_page import examples_page
+
     examples_page()
     reliability_page()
     print(f"wrote {DOC}, docs/examples.md and docs/reliability.md")

@@ -235,6 +235,10 @@ async def test_example_trains_end_to_end(name, engine, art_store, tmp_path, monk
     assert [e["step"] for e in result["evals"]] == list(range(1, 3 + warm))  # after the warm-up, step 1, the end
     assert result["eval_scenarios"] == 2 and result["solved_before"] == 1.0
     assert ("after_warmup" in result) == bool(warm)
+    # each held-out scenario's reward, for paired figures (bench/stats.py)
+    assert set(result["each"]) == ({"before", "warmup", "after"} if warm else {"before", "after"})
+    assert len(result["each"]["after"]["rewards"]) == 2
+    assert sum(result["each"]["after"]["rewards"]) / 2 == pytest.approx(result["after"])
     project = cfg["project"]
     trajs = art_store.trajectories(project=project)
     assert len(trajs) == 2 + 2 * warm + 2 * 4 + 2 + 2  # eval, after warm-up, two steps of 2x2, eval at step 1, eval
@@ -247,6 +251,61 @@ async def test_example_trains_end_to_end(name, engine, art_store, tmp_path, monk
     assert art_store.steps(project, cfg["model"])[-1]["step"] == 2 + warm
     json.dumps([t.outcome for t in trajs])  # outcomes are plain JSON
     await client.close()
+
+
+@pytest.mark.parametrize("name", ["temporal_clue", "email_agent"])
+async def test_a_control_run_trains_the_scripted_answers_to_the_same_scenarios(name, art_store, tmp_path, monkeypatch):
+    """--control sft: after the same warm-up, each step is supervised on the scripted player's
+    answers to the scenarios GRPO would have drawn; nothing is gathered for training."""
+    import importlib
+
+    from openai import AsyncOpenAI
+
+    from examples import streams
+    from examples.runner import load_config, train
+
+    agent_module = importlib.import_module(f"examples.{name}.agent")
+    client = AsyncOpenAI(base_url="http://127.0.0.1:1/v1", api_key="unused")
+    monkeypatch.setattr(agent_module, "client", client)
+    example = importlib.import_module(f"examples.{name}.train").EXAMPLE
+    cfg = load_config(example.config, ["--steps", "2", "--base-model", "tiny", "--eval-games", "2",
+                                       "--scenarios-per-step", "2", "--control", "sft", "--warmup", "2"])
+    art.configure(backend_options={"device": "cpu", "home": str(tmp_path / "home")})
+    shown = []
+    scripted = example.scripted
+
+    def spy(scenarios, c):
+        shown.append(scenarios)
+        return scripted(scenarios, c)
+
+    result = await train(cfg, example.rollout, example.rewards, example.make_scenarios, warmup=example.warmup,
+                         scripted=spy)
+    assert result["control"] == "sft"
+    assert [(h["step"], h.get("sft"), h.get("control", False)) for h in result["history"]] == \
+        [(1, True, False), (2, True, True), (3, True, True)]
+    held = streams.held_out(example.make_scenarios, cfg)
+    assert [list(map(streams.key, x)) for x in shown] == [
+        list(map(streams.key, streams.training(example.make_scenarios, 2, 0, step, cfg, held))) for step in (1, 2)]
+    trajs = art_store.trajectories(project=cfg["project"])
+    assert len(trajs) == 2 * 3  # evaluations only (before, after the warm-up, after): no rollout was trained
+    assert art_store.steps(cfg["project"], cfg["model"])[-1]["step"] == 3
+    await client.close()
+
+
+def test_paired_gains_and_expected_values():
+    from bench.stats import expected, fmt_gain, mean_se, paired
+
+    m, se, n = mean_se([1.0, 0.0, None, 1.0, 0.0])
+    assert (m, n) == (0.5, 4) and se == pytest.approx(0.2887, abs=1e-4)
+    big = paired([0.0] * 30 + [1.0] * 2, [1.0] * 30 + [1.0] * 2)
+    assert big["gain"] == pytest.approx(30 / 32) and not big["noise"] and big["low"] > 0.8
+    small = paired([0.0, 1.0, 0.0, 1.0, 0.5, 0.5], [1.0, 0.0, 0.0, 1.0, 0.5, 1.0])
+    assert small["noise"] and fmt_gain(small).endswith("(within noise)")
+    assert "within noise" not in fmt_gain(big)
+    with pytest.raises(ValueError, match="same scenarios"):
+        paired([1.0], [1.0, 2.0])
+    e = expected([[0.0, 1.0], [1.0, 1.0], [0.0, 0.0], [1.0, 0.0]])
+    assert e["each"] == [0.5, 0.5] and e["reward"] == 0.5 and e["draws"] == 4 and e["spread"] > 0
 
 
 # -- the demo's runner: Ctrl-C ----------------------------------------------------------------
@@ -344,11 +403,16 @@ async def test_example_baselines_and_a_model_by_url():
 
     ttt_example = example_of("tic_tac_toe")
     cfg = load_config(ttt_example.config, [])
-    rows = await baselines(ttt_example, cfg)
+    rows = await baselines(ttt_example, cfg, draws=40)
     scripted, rand = rows["win, block, centre (scripted)"], rows["random legal move"]
     assert scripted["scenarios"] == rand["scenarios"] == cfg["eval_games"]
     assert scripted["reward"] > rand["reward"] > 0 and scripted["solved"] >= rand["solved"]
-    email_rows = await baselines(example_of("email_agent"), load_config(example_of("email_agent").config, []))
+    # the random player as an expected value: the mean of its draws, with one draw's spread
+    assert rand["draws"] == 40 and 0 < rand["spread"] < 0.2 and len(rand["each"]) == cfg["eval_games"]
+    one = await baselines(ttt_example, cfg, draws=1)
+    assert one["random legal move"]["reward"] != rand["reward"]  # a single draw is not the expectation
+    assert "draws" not in scripted and scripted["se"] > 0  # a scripted player once, with its standard error
+    email_rows = await baselines(example_of("email_agent"), load_config(example_of("email_agent").config, []), draws=2)
     assert email_rows["always \"I don't know\""]["reward"] == 0.0
     assert email_rows["search, read the top hit, copy (scripted)"]["reward"] > 1.0
 
