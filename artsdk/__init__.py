@@ -45,6 +45,7 @@ from .errors import (
 )
 from .gather import gather
 from .judge import Judge
+from .reconcile import bind, rollout_env, rollout_url
 from .rewards import Reward, reward
 from .rollout import Args, Rollout, rollout
 from .store import Store, default_store
@@ -59,5 +60,6 @@ __all__ = [
     "RewardError", "Rollout", "RolloutError", "Session", "Settings", "Store", "StoreError",
     "TrainResult", "TrainableModel", "TrainingError", "Trajectory", "TrajectoryError", "available_backends",
     "check_messages", "configure", "current_session", "default_store", "gather",
-    "load_backend", "replay", "reward", "rollout", "session", "settings", "testing",
+    "load_backend", "replay", "reward", "rollout", "rollout_env", "rollout_url", "bind", "session", "settings",
+    "testing",
 ]

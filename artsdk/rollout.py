@@ -25,6 +25,7 @@ import anyio
 
 from .capture import Recorder, current_recorder
 from .errors import RewardError
+from .reconcile import with_endpoint_record
 from .rewards import RewardLike, score
 from .trajectory import ErrorInfo, Trajectory, utcnow
 
@@ -184,6 +185,7 @@ class Rollout(Generic[R]):
                     if isinstance(e, TimeoutError) and timeout:
                         e = TimeoutError(f"rollout {self.name!r} took longer than its timeout of {timeout} s")
                     traj.error = ErrorInfo.from_exception(e)
+            await with_endpoint_record(traj)  # calls only the backend's endpoint saw (reconcile.py)
             return traj
         except BaseException:
             if interrupted is not None and traj is not None:

@@ -22,7 +22,7 @@ TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {
 FIND = [{"role": "user", "content": "find a"}]
 CALL = {"role": "assistant", "content": None, "tool_calls": [
     {"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"q": "a"}'}}]}
-STEPS = 12  # the tiny model calls the tool greedily after 4-6 steps at this learning rate
+STEPS = 12  # the tiny model calls the tool greedily after 4-6 steps at this learning rate (one update a step)
 
 
 def lesson(model: str) -> list[art.Group]:
@@ -47,7 +47,7 @@ def search(q: str) -> str:
 async def test_a_taught_tool_call_is_parsed_streamed_and_recorded(tmp_path, art_store, engine):
     be = LocalBackend(device=DEVICE, dtype="float32", home=str(tmp_path / "home"), engine=engine)
     model = art.TrainableModel("caller", base_model="tiny", project="tools",
-                               config={"train": {"learning_rate": 2e-2}})
+                               config={"train": {"learning_rate": 2e-2, "minibatches": 1}})
     client = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused", max_retries=0)
 
     @art.rollout

@@ -7,6 +7,7 @@ one dict check.
 
 from __future__ import annotations
 
+import os
 import threading
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -23,15 +24,18 @@ if TYPE_CHECKING:
 
 class Recorder:
     """Collects the calls of one running rollout. Calls keep the order they were *made*
-    in, also when a stream finishes after a later call."""
+    in (each takes its slot when it starts), also when concurrent calls or streams finish
+    out of order. A call made after the rollout ended is not added, and is logged."""
 
-    __slots__ = ("calls", "notes", "seed", "rollout_id", "_pending", "_lock")
+    __slots__ = ("calls", "notes", "seed", "rollout_id", "closed", "pid", "_pending", "_lock")
 
     def __init__(self, seed: Optional[int] = None, rollout_id: Optional[str] = None) -> None:
         self.calls: list[Optional[LLMCall]] = []
         self.notes: list[str] = []  # what capture could not record (see sentinel.py)
         self.seed = seed  # set by art.gather in a session: the rollout's calls sample reproducibly
         self.rollout_id = rollout_id  # the trajectory's id: sent to the backend with its calls
+        self.closed = False
+        self.pid = os.getpid()  # a forked child inherits the context, not the rollout: it records nothing
         self._pending: dict[int, Callable[[], None]] = {}
         self._lock = threading.Lock()
 
@@ -40,33 +44,61 @@ class Recorder:
             if text not in self.notes:
                 self.notes.append(text)
 
-    def reserve(self, finish: Callable[[], None]) -> int:
-        """Hold a slot for a call whose answer is still streaming; ``finish`` records what
-        arrived so far if the rollout ends before the stream does."""
+    def reserve(self, finish: Optional[Callable[[], None]] = None) -> int:
+        """Hold the next slot for a call that has started (its number, in the order calls are
+        made); ``finish`` records what arrived so far if the rollout ends first."""
         with self._lock:
             self.calls.append(None)
             i = len(self.calls) - 1
-            self._pending[i] = finish
+            if finish is not None:
+                self._pending[i] = finish
             return i
+
+    def on_close(self, slot: int, finish: Callable[[], None]) -> None:
+        """Have ``finish`` record slot ``slot`` if the rollout ends before its answer does."""
+        with self._lock:
+            self._pending[slot] = finish
 
     def fill(self, slot: int, call: LLMCall) -> None:
         with self._lock:
             self._pending.pop(slot, None)
             call.index = slot
-            self.calls[slot] = call
+            if self.closed:
+                late = True
+            else:
+                late = False
+                self.calls[slot] = call
+        if late:
+            _late(self, call)
 
     def add(self, call: LLMCall) -> None:
         with self._lock:
-            call.index = len(self.calls)
-            self.calls.append(call)
+            if not self.closed:
+                call.index = len(self.calls)
+                self.calls.append(call)
+                return
+        _late(self, call)
 
     def close(self) -> list[LLMCall]:
-        """Finish streams the agent abandoned and return the calls in order."""
+        """Finish streams the agent abandoned and return the calls in order; from now on, a
+        call that ends is logged as made after the rollout, not added."""
         with self._lock:
             pending = list(self._pending.values())
         for finish in pending:
             finish()
-        return [c for c in self.calls if c is not None]
+        with self._lock:
+            self.closed = True
+            return [c for c in self.calls if c is not None]
+
+
+def _late(rec: Recorder, call: Optional[LLMCall], model: Any = None) -> None:
+    import logging
+
+    what = "started" if call is None else "ended"
+    logging.getLogger("artsdk.capture").warning(
+        "a call to %s %s after its rollout (trajectory %s) had returned: it is not on the trajectory. Await "
+        "every task or thread that calls a model before the rollout returns", model if call is None else
+        (call.served_by or call.model), what, rec.rollout_id)
 
 
 current_recorder: ContextVar[Optional[Recorder]] = ContextVar("artsdk_recorder", default=None)
@@ -77,19 +109,26 @@ inside_call: ContextVar[bool] = ContextVar("artsdk_inside_call", default=False)
 
 @contextmanager
 def one_call(provider: str, kwargs: dict[str, Any],
-             request: Callable[[dict[str, Any]], Any]) -> Iterator[tuple[Optional[Recorder], float]]:
+             request: Callable[[dict[str, Any]], Any]) -> Iterator[tuple[Optional[Recorder], float, int]]:
     """Around one patched LLM call inside a rollout: yields (the rollout's recorder, the
-    start time); marks the call as running (``inside_call``); if it raises, records it as
-    a failed call (``request(kwargs)`` reads its model, messages, tools and params) and
-    notes a misspelt model name on the exception."""
+    start time, the call's slot: its number in the order calls are made); marks the call as
+    running (``inside_call``); if it raises, records it as a failed call
+    (``request(kwargs)`` reads its model, messages, tools and params) and notes a misspelt
+    model name on the exception."""
     rec = current_recorder.get()
+    if rec is not None and rec.pid != os.getpid():
+        rec = None  # a forked child: its calls reach the rollout by its art.rollout_env() URL, if at all
+    slot = rec.reserve() if rec is not None and not rec.closed else -1
+    if rec is not None and slot < 0:  # the rollout has returned: said here (and by the endpoint, as late)
+        _late(rec, None, kwargs.get("model"))
+        rec = None
     token = inside_call.set(True)
     t0 = perf_counter()
     try:
-        yield rec, t0
+        yield rec, t0, slot
     except BaseException as exc:
         if rec is not None:
-            rec.add(failed_call(provider, kwargs, exc, perf_counter() - t0, request(kwargs)))
+            rec.fill(slot, failed_call(provider, kwargs, exc, perf_counter() - t0, request(kwargs)))
         hint_misspelt_model(exc, kwargs.get("model"))
         raise
     finally:
@@ -123,7 +162,7 @@ def route_for(model: Any) -> Optional[tuple[Route, str]]:
     return (route, f"{route.served_model or name}@{step}") if route is not None else None
 
 
-def with_sample_seed(kwargs: dict[str, Any]) -> dict[str, Any]:
+def with_sample_seed(kwargs: dict[str, Any], slot: Optional[int] = None) -> dict[str, Any]:
     """``kwargs`` of a call routed to a trainable model, with a sampling seed when the agent
     gave none and its rollout has one (``art.gather`` in a session sets it from the run's seed,
     the step, the group and the sample): the run then samples the same tokens whatever the
@@ -133,22 +172,27 @@ def with_sample_seed(kwargs: dict[str, Any]) -> dict[str, Any]:
     extra = kwargs.get("extra_body") or {}
     if rec is None or rec.seed is None or "seed" in kwargs or not isinstance(extra, dict) or "seed" in extra:
         return kwargs
-    return {**kwargs, "extra_body": {**extra, "seed": (rec.seed + 7919 * len(rec.calls)) % 2**31}}
+    number = slot if slot is not None and slot >= 0 else len(rec.calls)  # the call's number in its rollout
+    return {**kwargs, "extra_body": {**extra, "seed": (rec.seed + 7919 * number) % 2**31}}
 
 
 ROLLOUT_HEADER = "X-Artsdk-Rollout"
+CALL_HEADER = "X-Artsdk-Call"
 
 
-def for_backend(kwargs: dict[str, Any]) -> dict[str, Any]:
+def for_backend(kwargs: dict[str, Any], slot: Optional[int] = None) -> dict[str, Any]:
     """``kwargs`` of a call routed to a trainable model: with a sampling seed
-    (``with_sample_seed``) and the rollout's id in a header, by which a backend with several
-    inference replicas keeps a rollout's calls on one (its prefix cache stays warm)."""
-    kwargs = with_sample_seed(kwargs)
+    (``with_sample_seed``), and the rollout's id and the call's number in headers: by the id a
+    backend with several inference replicas keeps a rollout's calls on one (its prefix cache
+    stays warm), and the endpoint files its own record of the call, which the number matches
+    with this one (``artsdk/reconcile.py``)."""
+    kwargs = with_sample_seed(kwargs, slot)
     rec = current_recorder.get()
     headers = kwargs.get("extra_headers") or {}
     if rec is None or rec.rollout_id is None or not isinstance(headers, dict) or ROLLOUT_HEADER in headers:
         return kwargs
-    return {**kwargs, "extra_headers": {**headers, ROLLOUT_HEADER: rec.rollout_id}}
+    mine = {ROLLOUT_HEADER: rec.rollout_id, **({CALL_HEADER: str(slot)} if slot is not None and slot >= 0 else {})}
+    return {**kwargs, "extra_headers": {**headers, **mine}}
 
 
 def hint_misspelt_model(exc: BaseException, model: Any) -> None:

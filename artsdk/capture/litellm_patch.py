@@ -61,12 +61,12 @@ def unpatch(module: Any, *kinds: Kind) -> None:
                 setattr(module, name, fn.__wrapped__)
 
 
-def _route(kwargs: dict[str, Any]) -> dict[str, Any]:
+def _route(kwargs: dict[str, Any], slot: int) -> dict[str, Any]:
     found = route_for(kwargs.get("model"))
     if found is None:
         return kwargs
     route, send_as = found
-    return {**for_backend(kwargs), "model": f"openai/{send_as}", "api_base": route.base_url,
+    return {**for_backend(kwargs, slot), "model": f"openai/{send_as}", "api_base": route.base_url,
             "api_key": route.api_key}
 
 
@@ -79,10 +79,10 @@ def _wrap_sync(orig: Callable[..., Any], kind: Kind) -> Callable[..., Any]:
         cassette = current_cassette.get()
         if cassette is not None:
             return _replay(kwargs, cassette, kind)
-        with one_call(kind.provider, kwargs, kind.request) as (rec, t0):
-            resp = orig(**_route(kwargs))
+        with one_call(kind.provider, kwargs, kind.request) as (rec, t0, slot):
+            resp = orig(**_route(kwargs, slot))
         if rec is not None:
-            _record(rec, kind, kwargs, resp, t0)
+            _record(rec, slot, kind, kwargs, resp, t0)
         return resp
 
     return call
@@ -97,31 +97,32 @@ def _wrap_async(orig: Callable[..., Any], kind: Kind) -> Callable[..., Any]:
         cassette = current_cassette.get()
         if cassette is not None:
             return _replay(kwargs, cassette, kind)
-        with one_call(kind.provider, kwargs, kind.request) as (rec, t0):
-            resp = await orig(**_route(kwargs))
+        with one_call(kind.provider, kwargs, kind.request) as (rec, t0, slot):
+            resp = await orig(**_route(kwargs, slot))
         if rec is not None:
-            _record(rec, kind, kwargs, resp, t0)
+            _record(rec, slot, kind, kwargs, resp, t0)
         return resp
 
     return call
 
 
-def _record(rec: Recorder, kind: Kind, kwargs: dict[str, Any], resp: Any, t0: float) -> None:
+def _record(rec: Recorder, slot: int, kind: Kind, kwargs: dict[str, Any], resp: Any, t0: float) -> None:
     if kwargs.get("stream") is True:
-        StreamWatch(rec, kind.accumulator(kwargs), t0).attach(resp)
+        StreamWatch(rec, slot, kind.accumulator(kwargs), t0).attach(resp)
     else:
-        rec.add(kind.from_response(kwargs, resp, perf_counter() - t0))
+        rec.fill(slot, kind.from_response(kwargs, resp, perf_counter() - t0))
 
 
 class StreamWatch:
     """Assembles one litellm stream; the patched stream class feeds it each chunk."""
 
-    def __init__(self, rec: Recorder, acc: Any, t0: float) -> None:
+    def __init__(self, rec: Recorder, slot: int, acc: Any, t0: float) -> None:
         self.rec = rec
         self.acc = acc
         self.t0 = t0
         self.done = False
-        self.slot = rec.reserve(lambda: self.finish(True))
+        self.slot = slot
+        rec.on_close(slot, lambda: self.finish(True))
 
     def attach(self, stream: Any) -> None:
         setattr(stream, _STREAM_ATTR, self)

@@ -85,14 +85,19 @@ def unpatch(module: Any, *apis: API) -> None:
                     setattr(cls, name, fn.__wrapped__)
 
 
-def _routed(resource: Any, model: Any, api: API) -> tuple[Any, dict[str, Any] | None]:
-    """The resource to send to: for a trainable model during a session, the same client
-    pointed at the backend's endpoint."""
+def _routed(resource: Any, model: Any, api: API) -> tuple[Any, dict[str, Any] | None, bool]:
+    """(the resource to send to, the model name to send instead, whether the call goes to a
+    backend): for a trainable model during a session, the same client pointed at the
+    backend's endpoint -- unless it points at that server already (a rollout's own
+    ``art.rollout_env()`` URL, say), which is kept."""
     found = route_for(model)
     if found is None:
-        return resource, None
+        return resource, None, False
     route, send_as = found
     client = resource._client
+    override = {"model": send_as} if send_as != model else None
+    if _same_server(str(getattr(client, "base_url", "")), route.base_url):
+        return resource, override, True
     per_client = _routed_clients.setdefault(client, {})
     target = per_client.get((route, api.path))
     if target is None:
@@ -104,7 +109,14 @@ def _routed(resource: Any, model: Any, api: API) -> tuple[Any, dict[str, Any] | 
         for attr in api.path.split("."):
             target = getattr(target, attr)
         per_client[(route, api.path)] = target
-    return target, ({"model": send_as} if send_as != model else None)
+    return target, override, True
+
+
+def _same_server(a: str, b: str) -> bool:
+    from urllib.parse import urlsplit
+
+    x, y = urlsplit(a), urlsplit(b)
+    return bool(x.netloc) and (x.scheme, x.netloc) == (y.scheme, y.netloc)
 
 
 def _raw_mode(kwargs: dict[str, Any]) -> Optional[str]:
@@ -119,14 +131,13 @@ def _wrap_sync(orig: Callable[..., Any], kind: str, api: API) -> Callable[..., A
         cassette = current_cassette.get()
         if cassette is not None:
             return _replay(self, kwargs, kind, cassette, api)
-        target, override = _routed(self, kwargs.get("model"), api)
-        if target is not self:
-            kwargs = for_backend(kwargs)
-        send = {**kwargs, **override} if override else kwargs
-        with one_call(api.provider, kwargs, api.request) as (rec, t0):
-            resp = orig(target, *args, **send)
+        target, override, routed = _routed(self, kwargs.get("model"), api)
+        with one_call(api.provider, kwargs, api.request) as (rec, t0, slot):
+            if routed:
+                kwargs = for_backend(kwargs, slot)
+            resp = orig(target, *args, **({**kwargs, **override} if override else kwargs))
         if rec is not None:
-            _record(rec, api, kwargs, resp, t0, is_async=False)
+            _record(rec, slot, api, kwargs, resp, t0, is_async=False)
         return resp
 
     return call
@@ -139,45 +150,36 @@ def _wrap_async(orig: Callable[..., Any], kind: str, api: API) -> Callable[..., 
         cassette = current_cassette.get()
         if cassette is not None:
             return _replay(self, kwargs, kind, cassette, api)
-        target, override = _routed(self, kwargs.get("model"), api)
-        if target is not self:
-            kwargs = for_backend(kwargs)
-        send = {**kwargs, **override} if override else kwargs
-        with one_call(api.provider, kwargs, api.request) as (rec, t0):
-            resp = await orig(target, *args, **send)
+        target, override, routed = _routed(self, kwargs.get("model"), api)
+        with one_call(api.provider, kwargs, api.request) as (rec, t0, slot):
+            if routed:
+                kwargs = for_backend(kwargs, slot)
+            resp = await orig(target, *args, **({**kwargs, **override} if override else kwargs))
         if rec is not None:
-            _record(rec, api, kwargs, resp, t0, is_async=True)
+            _record(rec, slot, api, kwargs, resp, t0, is_async=True)
         return resp
 
     return call
 
 
-def _record(rec: Recorder, api: API, kwargs: dict[str, Any], resp: Any, t0: float, *, is_async: bool) -> None:
+def _record(rec: Recorder, slot: int, api: API, kwargs: dict[str, Any], resp: Any, t0: float, *,
+            is_async: bool) -> None:
     if _raw_mode(kwargs) is not None and hasattr(resp, "http_response"):
-        _watch_raw(rec, api, kwargs, resp.http_response, t0)
+        _watch_raw(rec, slot, api, kwargs, resp.http_response, t0)
     elif kwargs.get("stream") is True:
-        watch_stream(rec, api.accumulator(kwargs), resp, t0, is_async)
+        watch_stream(rec, slot, api.accumulator(kwargs), resp, t0, is_async)
     else:
-        rec.add(api.from_response(kwargs, resp, perf_counter() - t0))
+        rec.fill(slot, api.from_response(kwargs, resp, perf_counter() - t0))
 
 
-def _watch_raw(rec: Recorder, api: API, kwargs: dict[str, Any], http_response: Any, t0: float) -> None:
+def _watch_raw(rec: Recorder, slot: int, api: API, kwargs: dict[str, Any], http_response: Any, t0: float) -> None:
     """A raw-response wrapper: the agent reads the body as it likes; the call is recorded
     from the bytes once they are all in (or from what came, if the rollout ends first)."""
-    state: dict[str, Any] = {"slot": None, "call": None}
-
     def done(body: bytes, complete: bool) -> None:
-        call = _from_body(api, kwargs, http_response, body, complete, perf_counter() - t0)
-        if state["slot"] is None:
-            state["call"] = call  # the body was in already
-        else:
-            rec.fill(state["slot"], call)
+        rec.fill(slot, _from_body(api, kwargs, http_response, body, complete, perf_counter() - t0))
 
     partial = http_body.watch_body(http_response, done)
-    if state["call"] is not None:
-        rec.add(state["call"])
-    else:
-        state["slot"] = rec.reserve(partial)
+    rec.on_close(slot, partial)
 
 
 def _from_body(api: API, kwargs: dict[str, Any], http_response: Any, body: bytes, complete: bool,
@@ -200,7 +202,7 @@ def _from_body(api: API, kwargs: dict[str, Any], http_response: Any, body: bytes
     return call
 
 
-def watch_stream(rec: Recorder, acc: Any, stream: Any, t0: float, is_async: bool) -> None:
+def watch_stream(rec: Recorder, slot: int, acc: Any, stream: Any, t0: float, is_async: bool) -> None:
     """Record the stream the agent iterates without changing it: the chunks pass through
     untouched, and the assembled call is recorded when the stream ends, is closed, is left
     early, or when the rollout finishes first."""
@@ -212,7 +214,7 @@ def watch_stream(rec: Recorder, acc: Any, stream: Any, t0: float, is_async: bool
             done = True
             rec.fill(slot, acc.to_call(perf_counter() - t0, left_early, failure))
 
-    slot = rec.reserve(lambda: finish(True))
+    rec.on_close(slot, lambda: finish(True))
     inner = stream._iterator
     orig_close = stream.close
 

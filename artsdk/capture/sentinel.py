@@ -2,7 +2,9 @@
 agent code may reach a model through (``sentinel_httpx.py``: httpx and httpx2, which the
 openai client, litellm and most frameworks use; ``sentinel_urllib.py``: http.client, under
 urllib and requests; ``sentinel_aiohttp.py``): a request to an LLM route made inside a
-rollout while no patched call is running escaped capture. It is noted on the trajectory
+rollout while no patched call is running escaped capture -- unless it goes to an open
+session's endpoint naming the rollout (its ``art.rollout_url()``), which files it for the
+rollout (``backends/endpoint_record.py``). An escaped call is noted on the trajectory
 (``warnings``), counted by ``art.gather``, and with ``strict_capture = true`` refused before it
 is sent (CaptureError, noted on the trajectory too), so a rollout never trains on a partial
 record without anyone knowing.
@@ -13,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from ..errors import CaptureError
-from .context import current_recorder, inside_call
+from .context import ROLLOUT_HEADER, current_recorder, inside_call, routes
 
 LLM_ROUTES = ("/chat/completions", "/responses", "/completions", "/messages")
 ESCAPED = "an LLM call escaped capture"
@@ -27,6 +29,8 @@ def check(method: str, url: str, path: str, library: str, headers: Optional[Mapp
         return
     if not path.rstrip("/").endswith(LLM_ROUTES):
         return
+    if _filed_by_endpoint(url, path, headers):
+        return  # the backend's endpoint files it under the rollout (reconcile.py adds it to the trajectory)
     where = f"POST {url.split('?')[0]}"
     note = f"{ESCAPED}: {where} was sent {_how(path, library, headers)}, so this trajectory does not hold it. "
     from ..config import settings
@@ -37,6 +41,20 @@ def check(method: str, url: str, path: str, library: str, headers: Optional[Mapp
         raise CaptureError(refused)
     rec.note(note + "Make the call through the openai client or litellm (or a framework built on them), see "
                     "docs/capture.md")
+
+
+def _filed_by_endpoint(url: str, path: str, headers: Optional[Mapping[str, Any]]) -> bool:
+    """A request to an open session's endpoint that names its rollout (the rollout's URL from
+    ``art.rollout_url()``, or the rollout header): the endpoint records it, by rollout."""
+    from urllib.parse import urlsplit
+
+    if not routes:
+        return False
+    target = urlsplit(url)
+    if not any(urlsplit(r.base_url).netloc == target.netloc for r in routes.values()):
+        return False
+    named = {k.lower() for k in (headers or {})}
+    return "/r/" in path or ROLLOUT_HEADER.lower() in named
 
 
 def _how(path: str, library: str, headers: Optional[Mapping[str, Any]]) -> str:

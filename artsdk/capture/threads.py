@@ -1,8 +1,11 @@
 """The rollout follows the agent into threads: work started inside a rollout on a new
-``threading.Thread`` or handed to a ``ThreadPoolExecutor`` (which ``loop.run_in_executor``
-uses) runs in a copy of the rollout's context, so the LLM calls it makes are recorded in the
-rollout's trajectory like any other (a thread started elsewhere, earlier, is not the
-rollout's; what it sends to a model is not attributed to one)."""
+``threading.Thread`` or a bare ``_thread.start_new_thread``, or handed to a
+``ThreadPoolExecutor`` (which ``loop.run_in_executor`` uses) or a ``multiprocessing``
+``ThreadPool`` -- even one made before the rollout -- runs in a copy of the rollout's context,
+so the LLM calls it makes are recorded in the rollout's trajectory like any other. A
+long-lived thread that takes work from a queue is not the rollout's: hand it ``art.bind(fn)``
+(``artsdk/reconcile.py``), or its calls to the trainable model reach the endpoint with no
+rollout (logged there)."""
 
 from __future__ import annotations
 
@@ -18,10 +21,34 @@ def _inside() -> bool:
     return current_recorder.get() is not None or current_cassette.get() is not None
 
 
-def patch(module: Any) -> None:
-    """Wrap ``threading.Thread.start`` and ``ThreadPoolExecutor.submit`` (idempotent)."""
-    from concurrent.futures import ThreadPoolExecutor
+def _in_context(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return functools.partial(contextvars.copy_context().run, fn) if _inside() else fn
 
+
+def patch(module: Any) -> None:
+    """Wrap ``threading.Thread.start``, ``_thread.start_new_thread``, ``ThreadPoolExecutor.submit``
+    and ``ThreadPool``'s task methods (idempotent)."""
+    import _thread
+    from concurrent.futures import ThreadPoolExecutor
+    from multiprocessing.pool import ThreadPool
+
+    new_thread = _thread.start_new_thread
+    if not getattr(new_thread, "__artsdk_wrapped__", False):
+        def start_new_thread_in_context(function: Callable[..., Any], args: Any, kwargs: Any = None) -> Any:
+            return new_thread(_in_context(function), args, kwargs or {})
+
+        _mark(start_new_thread_in_context, new_thread)
+        _thread.start_new_thread = start_new_thread_in_context  # type: ignore[assignment]
+    for name in ("apply_async", "_map_async", "imap", "imap_unordered"):  # what apply, map, starmap... go through
+        method = getattr(ThreadPool, name, None) or getattr(ThreadPool.__mro__[1], name)
+        if getattr(method, "__artsdk_wrapped__", False):
+            continue
+
+        def task_in_context(self: Any, func: Callable[..., Any], *args: Any, _method: Any = method, **kwargs: Any) -> Any:
+            return _method(self, _in_context(func), *args, **kwargs)
+
+        _mark(task_in_context, method)
+        setattr(ThreadPool, name, task_in_context)  # on ThreadPool: a process Pool cannot pickle a context
     start = module.Thread.start
     if not getattr(start, "__artsdk_wrapped__", False):
         def start_in_context(self: Any) -> Any:
@@ -44,12 +71,20 @@ def patch(module: Any) -> None:
 
 
 def unpatch(module: Any) -> None:
+    import _thread
     from concurrent.futures import ThreadPoolExecutor
+    from multiprocessing.pool import ThreadPool
 
-    for cls, name in ((module.Thread, "start"), (ThreadPoolExecutor, "submit")):
+    for cls, name in ((module.Thread, "start"), (ThreadPoolExecutor, "submit"),
+                      *((ThreadPool, n) for n in ("apply_async", "_map_async", "imap", "imap_unordered"))):
         fn = cls.__dict__.get(name)
         if getattr(fn, "__artsdk_wrapped__", False):
-            setattr(cls, name, fn.__wrapped__)
+            if fn.__wrapped__ is getattr(cls.__mro__[1], name, None):
+                delattr(cls, name)
+            else:
+                setattr(cls, name, fn.__wrapped__)
+    if getattr(_thread.start_new_thread, "__artsdk_wrapped__", False):
+        _thread.start_new_thread = _thread.start_new_thread.__wrapped__  # type: ignore[attr-defined]
 
 
 def _mark(wrapper: Callable[..., Any], orig: Callable[..., Any]) -> None:

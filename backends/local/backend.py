@@ -84,6 +84,9 @@ class LocalBackend:
         self._server: Any = None
         self._app: Any = None
         self._lock = threading.Lock()
+        from ..endpoint_record import EndpointRecord
+
+        self.calls = EndpointRecord()  # every call the server answered, by rollout
 
     # -- Backend protocol -----------------------------------------------------------------
 
@@ -107,7 +110,7 @@ class LocalBackend:
         from .server import build_app
 
         if self._app is None:
-            self._app = build_app(lambda: self.models, self.api_key)
+            self._app = build_app(lambda: self.models, self.api_key, self.calls)
         return self._app
 
     def _load(self, model: TrainableModel, resume_step: Optional[int] = None) -> ServedModel:
@@ -181,6 +184,11 @@ class LocalBackend:
     async def step(self, model: TrainableModel) -> int:
         served = self.models.get(model.name)
         return served.step if served is not None else 0
+
+    async def endpoint_calls(self, rollout_id: str) -> list[Any]:
+        """The calls this backend's server answered for the rollout ``rollout_id``, in the order
+        they arrived (taken: the rollout counts as ended; a later call is logged as late)."""
+        return self.calls.take(rollout_id)
 
     def checkpoint_dir(self, model: TrainableModel, step: int) -> Path:
         """The folder of one checkpoint (BackendError when there is none)."""

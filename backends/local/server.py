@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from ..endpoint_record import EndpointRecord, PerRolloutPaths
 from ..http import error, guard
 from .engine import EngineRefused
 from .generate import MAX_BODY, BadRequest, ClientGone
@@ -21,10 +22,15 @@ from .server_chat import add_chat_routes
 from .server_responses import add_responses_routes
 
 
-def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[str] = None) -> FastAPI:
+def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[str] = None,
+              record: Optional[EndpointRecord] = None) -> FastAPI:
+    """The app serving every model ``models()`` holds; each answered call is kept in
+    ``record`` by the rollout that made it (endpoint_record.py)."""
     app = FastAPI(title="artsdk local backend", version="1")
+    record = record if record is not None else EndpointRecord()
 
     guard(app, api_key, MAX_BODY)
+    app.add_middleware(PerRolloutPaths)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -63,6 +69,6 @@ def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[st
                              "root": m.spec.base_model, "step": step})
         return {"object": "list", "data": data}
 
-    add_chat_routes(app, models)
-    add_responses_routes(app, models)
+    add_chat_routes(app, models, record)
+    add_responses_routes(app, models, record)
     return app

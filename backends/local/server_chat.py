@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..endpoint_record import EndpointRecord, rollout_of, served_call
 from .engine import Completion
 from .engine import Request as GenRequest
 from .generate import (DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT, answer, cancel_when_left, logprob_content, prepare,
@@ -68,19 +69,30 @@ class ChatRequest(BaseModel):
         return v
 
 
-def add_chat_routes(app: FastAPI, models: Callable[[], dict[str, ServedModel]]) -> None:
+def add_chat_routes(app: FastAPI, models: Callable[[], dict[str, ServedModel]], record: EndpointRecord) -> None:
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request) -> Any:
+        t0 = time.perf_counter()
         served, step = resolve(models(), body.model)
         asked = next((x for x in (body.max_completion_tokens, body.max_tokens) if x is not None), DEFAULT_MAX_TOKENS)
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         req = await prepare(served, [m.model_dump(exclude_unset=True) for m in body.messages], body.tools,
                             "messages", max_tokens=asked, n=body.n, temperature=body.temperature, top_p=body.top_p,
                             stop=stops, seed=body.seed, min_tokens=max(0, body.min_tokens))
+        def keep(outs: list[Completion]) -> None:  # the endpoint's own record of the call, by rollout
+            rollout, number, via = rollout_of(request.headers)
+            record.add(rollout, served_call(
+                model=f"{served.spec.name}@{req.step}", messages=[m.model_dump(exclude_unset=True) for m in body.messages],
+                tools=body.tools, params=body.model_dump(exclude_unset=True, exclude={"messages", "model", "tools",
+                                                                                      "stream", "stream_options"}),
+                prompt=req.prompt, outs=outs, texts=[served.chat.parse(c.text, body.tools) for c in outs],
+                stream=body.stream, latency=time.perf_counter() - t0, call=number, via=via))
+
         if body.stream:
             future, events = submit_streaming(served, req, step)
-            return StreamingResponse(_stream(served, req, body, future, events), media_type="text/event-stream")
+            return StreamingResponse(_stream(served, req, body, future, events, keep), media_type="text/event-stream")
         outs = await answer(request, submit(served, req, step), req)
+        keep(outs)
         name = f"{served.spec.name}@{req.step}"
         choices = [_choice(served, i, c, body.tools) for i, c in enumerate(outs)]
         completion_tokens = sum(len(c.token_ids) for c in outs)
@@ -107,7 +119,7 @@ def _choice(served: ServedModel, index: int, c: Completion, tools: Optional[list
 
 @cancel_when_left
 async def _stream(served: ServedModel, req: GenRequest, body: ChatRequest, future: Any,
-                  events: "asyncio.Queue[Any]") -> Any:
+                  events: "asyncio.Queue[Any]", keep: Callable[[list[Completion]], None]) -> Any:
     name = f"{served.spec.name}@{req.step}"
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     buffered = bool(body.tools)  # tool calls are parsed from the whole answer, sent at the end
@@ -136,6 +148,7 @@ async def _stream(served: ServedModel, req: GenRequest, body: ChatRequest, futur
     except Exception as e:  # noqa: BLE001 - the stream is already open: report in-band
         yield f"data: {json.dumps({'error': {'message': f'generation failed: {e}', 'type': 'server_error'}})}\n\n"
         return
+    keep(outs)  # before the answer ends: a client that has read it all finds it recorded
     for i, c in enumerate(outs):
         finish = c.finish_reason or "stop"
         if buffered:

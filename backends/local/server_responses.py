@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from artsdk.response_items import chat_messages, chat_tools, items_of, output_items
 
+from ..endpoint_record import EndpointRecord, rollout_of, served_call
 from .engine import Completion
 from .engine import Request as GenRequest
 from .served import ServedModel
@@ -94,11 +95,12 @@ class History:
             self.kept.popitem(last=False)
 
 
-def add_responses_routes(app: FastAPI, models: Callable[[], dict[str, ServedModel]]) -> None:
+def add_responses_routes(app: FastAPI, models: Callable[[], dict[str, ServedModel]], record: EndpointRecord) -> None:
     history = History()
 
     @app.post("/v1/responses")
     async def responses(body: ResponsesRequest, request: Request) -> Any:
+        t0 = time.perf_counter()
         served, step = resolve(models(), body.model)
         tools = _function_tools(body.tools) if body.tool_choice != "none" else None
         if isinstance(body.input, list) and len(body.input) > served.context_length:  # before converting them all
@@ -119,6 +121,12 @@ def add_responses_routes(app: FastAPI, models: Callable[[], dict[str, ServedMode
 
         def finished(c: Completion) -> dict[str, Any]:
             content, tool_calls = served.chat.parse(c.text, tools)
+            rollout, number, via = rollout_of(request.headers)  # the endpoint's own record, by rollout
+            record.add(rollout, served_call(
+                model=f"{name}@{req.step}", messages=system + conversation, tools=tools, params=body.model_dump(
+                    exclude_unset=True, exclude={"input", "model", "tools", "stream", "instructions"}),
+                prompt=req.prompt, outs=[c], texts=[(content, tool_calls)], stream=body.stream,
+                latency=time.perf_counter() - t0, call=number, via=via, provider="endpoint-responses"))
             out = _response(served, body, req, rid, c, content, tool_calls)
             if body.store:
                 history.put(rid, name, conversation + [{"role": "assistant", "content": content,

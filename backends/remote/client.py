@@ -27,7 +27,7 @@ import httpx
 
 from artsdk.backend import Endpoint, TrainableModel, TrainResult
 from artsdk.errors import BackendError
-from artsdk.trajectory import Group, Trajectory
+from artsdk.trajectory import Group, LLMCall, Trajectory
 
 log = logging.getLogger("artsdk.remote")
 _RETRYABLE = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError,
@@ -90,6 +90,11 @@ class RemoteBackend:
             **({"resume_step": resume_step} if resume_step is not None else {})})
         return Endpoint(base_url=f"{self.url}/v1", api_key=self.api_key or "artsdk", model=model.name,
                         moved_aside=r.json().get("moved_aside"))
+
+    async def endpoint_calls(self, rollout_id: str) -> list[LLMCall]:
+        """The calls the server answered for the rollout ``rollout_id`` (taken)."""
+        r = await self._request("POST", f"/v1/art/rollouts/{rollout_id}/calls")
+        return [LLMCall.model_validate(c) for c in r.json()["calls"]]
 
     async def step(self, model: TrainableModel) -> int:
         r = await self._request("GET", f"/v1/art/models/{model.name}")

@@ -9,6 +9,7 @@ API (v1; the OpenAPI spec is at ``/openapi.json``, docs at ``/docs``):
     DELETE /v1/art/models/{name}                    stop serving it (checkpoints stay on disk)
     POST   /v1/art/models/{name}/train              one training step; progress streamed as NDJSON
     POST   /v1/art/models/{name}/sft                one supervised step on trajectories' answers, as /train
+    POST   /v1/art/rollouts/{id}/calls              the calls the endpoint answered for a rollout (taken)
     GET    /v1/art/models/{name}/checkpoints        steps on disk
     GET    /v1/art/models/{name}/checkpoints/{step} the checkpoint as a .tar.gz
     DELETE /v1/art/models/{name}/checkpoints/{step}
@@ -287,6 +288,14 @@ def build_app(backend: Any, backend_name: str, home: Path, api_key: Optional[str
             out = {**result.model_dump(), "request_id": rid, "seconds": time.monotonic() - t0}
             trainings.finish(spec.name, rid, out)
             return out
+
+    @app.post("/v1/art/rollouts/{rollout}/calls")
+    async def rollout_calls(rollout: str = PathParam(pattern=r"^[A-Za-z0-9_-]{1,64}$")) -> dict[str, Any]:
+        """The calls the endpoint answered for a rollout, taken: the rollout's client reconciles
+        them with its own record when the rollout ends (artsdk/reconcile.py)."""
+        take = getattr(backend, "endpoint_calls", None)
+        calls = await take(rollout) if take is not None else []
+        return {"rollout": rollout, "calls": [json.loads(c.model_dump_json(fallback=repr)) for c in calls]}
 
     @app.get("/v1/art/models/{name}/checkpoints")
     async def checkpoints(name: str) -> dict[str, Any]:
