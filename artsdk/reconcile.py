@@ -55,7 +55,7 @@ def reconcile(traj: Trajectory, served: list[LLMCall], strict: bool) -> None:
     seen = {getattr(c, "call", None) for c in served}
     unseen = [c.index for c in policy if c.index not in seen]
     for call in added:  # without the endpoint's bookkeeping (its number, how the rollout was named)
-        clean = LLMCall.model_validate(call.model_dump(exclude={"call", "via"}))
+        clean = LLMCall.model_validate(call.model_dump(exclude={"call", "via", "at"}))
         clean.index = len(traj.calls)
         traj.calls.append(clean)
     traj.metadata["calls_recorded"] = {"client": len(policy), "endpoint": len(served), "matched": matched,

@@ -108,6 +108,7 @@ def served_call(*, model: str, messages: list[dict[str, Any]], tools: Any, param
                                            "total_tokens": len(prompt) + done})
     record.call = call  # type: ignore[attr-defined] - the client's number for it (extra, not stored)
     record.via = via  # type: ignore[attr-defined]
+    record.at = time.time()  # type: ignore[attr-defined] - when it was answered (records of replicas merge by it)
     return record
 
 

@@ -83,6 +83,9 @@ async def test_two_replicas_and_two_ranks_run_the_loop(ray_instance, tmp_path, a
                 assert all(t.error is None for t in trajs)
                 # every call pinned to the step that was newest when it was made
                 assert {c.served_by for t in trajs for c in t.calls} == {f"m@{expected - 1}"}
+                # the replicas' own records of the calls, by rollout, matched the client's one for one
+                assert all(t.metadata["calls_recorded"] == {"client": 2, "endpoint": 2, "matched": 2,
+                                                            "endpoint_only": 0, "client_only": 0} for t in trajs)
                 result = await run.train(groups)
                 assert result.trained and result.step == expected and result.metrics["updates"] >= 1
             status = be.status()["m"]
@@ -96,6 +99,20 @@ async def test_two_replicas_and_two_ranks_run_the_loop(ray_instance, tmp_path, a
                                                                   max_output_tokens=3) for r in firsts))
             assert owners == {0, 1} and all(r.model == "m@2" for r in seconds)
             await raw.close()
+
+            @art.rollout
+            async def by_url() -> list:  # a client artsdk does not patch, sent to the rollout's URL on the router
+                import httpx
+
+                async with httpx.AsyncClient(timeout=120) as h:
+                    r = await h.post(f"{art.rollout_url()}/chat/completions", json={
+                        "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+                        headers={"Authorization": f"Bearer {run.endpoint.api_key}"})
+                return r.json()["choices"][0]["token_ids"]
+
+            (g,) = await art.gather(by_url, [art.Args()], group_size=1)
+            (t,) = g.trajectories
+            assert [c.choices[0].token_ids for c in t.calls] == [t.outcome] and t.calls[0].provider == "endpoint"
     finally:
         await be.close()
         await client.close()
@@ -108,7 +125,7 @@ async def test_two_replicas_and_two_ranks_run_the_loop(ray_instance, tmp_path, a
     for key, replica, _ in pool.recent:
         if len(key) == 32 and key.isalnum():  # a rollout's id (the Responses calls above are keyed by their input)
             by_rollout.setdefault(key, set()).add(replica)
-    assert len(by_rollout) == 2 * 6 * 4 and all(len(v) == 1 for v in by_rollout.values())
+    assert len(by_rollout) == 2 * 6 * 4 + 1 and all(len(v) == 1 for v in by_rollout.values())  # + the by-URL one
     assert len({min(v) for v in by_rollout.values()}) == 2  # and the rollouts were spread over both
     # the checkpoints are the driver's, whole; the store has the steps
     assert be.checkpoint_steps(model) == [1, 2] and (be.checkpoint_dir(model, 2) / "optimizer.pt").is_file()

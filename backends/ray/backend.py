@@ -146,6 +146,18 @@ class RayBackend:
         folder = self.home / model.project / model.name / "checkpoints"
         return Checkpoints(folder).steps() if folder.is_dir() else []
 
+    async def endpoint_calls(self, rollout_id: str) -> list[Any]:
+        """The calls the replicas answered for the rollout ``rollout_id`` (taken from each: a
+        rollout moved to another replica by a failure has calls on both), in the order they
+        arrived."""
+        from artsdk.trajectory import LLMCall
+
+        replicas = [r for d in self.deployments.values() for r in d.pool.replicas]
+        answers = await asyncio.gather(*(r.actor.endpoint_calls.remote(rollout_id) for r in replicas),
+                                       return_exceptions=True)
+        calls = [LLMCall.model_validate(c) for a in answers if isinstance(a, list) for c in a]
+        return sorted(calls, key=lambda c: getattr(c, "at", 0.0))
+
     async def unregister(self, model: TrainableModel) -> None:
         d = self.deployments.pop(model.name, None)
         if d is not None:

@@ -96,6 +96,14 @@ class Replica:
                 served.checkpoints.remove(old)
         return sorted(served.serving)
 
+    async def endpoint_calls(self, rollout_id: str) -> list[dict[str, Any]]:
+        """The calls this replica's server answered for a rollout (taken), as JSON."""
+        import json
+
+        if self.backend is None:
+            return []
+        return [json.loads(c.model_dump_json(fallback=repr)) for c in await self.backend.endpoint_calls(rollout_id)]
+
     def _served(self) -> Any:
         return self.backend.models.get(self.spec.name) if self.backend is not None else None
 

@@ -10,6 +10,9 @@ replicas, as they are, over HTTP.
   prefix cache; a new key goes to the least busy replica instead of its own when that one has
   far more requests in flight. A Responses API call continuing an earlier response goes where
   that response is.
+- **The endpoint's record.** The rollout's id and the client's number for the call go on to
+  the replica, whose server keeps its own record of the call (``endpoint_record.py``); a
+  per-rollout URL (``/r/<id>/v1/...``) names the rollout the same way.
 - **Failures.** A request whose replica cannot be reached, or dies before answering, goes to
   another ready replica; a streamed answer already under way cannot be moved and ends with an
   error. While no replica is ready (all restarting) a request waits, up to ``wait_s``.
@@ -30,6 +33,7 @@ from typing import Any, Callable, Optional
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from ..endpoint_record import CALL_HEADER, ROLLOUT_HEADER, VIA_HEADER, PerRolloutPaths
 from ..http import error, guard
 
 MAX_BODY = 32 * 1024 * 1024
@@ -134,6 +138,7 @@ def routing_key(body: dict[str, Any], header: Optional[str]) -> str:
 def build_app(pools: Callable[[], dict[str, Pool]], api_key: Optional[str], wait_s: float = 120.0) -> FastAPI:
     app = FastAPI(title="artsdk ray backend", version="1")
     guard(app, api_key, MAX_BODY)
+    app.add_middleware(PerRolloutPaths)
     clients: dict[int, Any] = {}
 
     def client() -> Any:
@@ -215,7 +220,8 @@ async def _send(http: Any, replica: Replica, path: str, body: dict[str, Any], re
     drained until the health check sees it whole again)."""
     import httpx
 
-    headers = {"authorization": f"Bearer {pool.key}", "content-type": "application/json"}
+    headers = {"authorization": f"Bearer {pool.key}", "content-type": "application/json",
+               **{k: request.headers[k] for k in (ROLLOUT_HEADER, CALL_HEADER, VIA_HEADER) if k in request.headers}}
     req = http.build_request("POST", f"{replica.url}/{path}", headers=headers, content=json.dumps(body).encode())
     finished = False
     try:
