@@ -39,8 +39,9 @@ def reconcile(traj: Trajectory, served: list[LLMCall], strict: bool) -> None:
     """Make ``traj.calls`` hold every call the endpoint answered for it (``served``, in the
     order they arrived), and say in its metadata what each record held."""
     names = served_names()
-    policy = [c for c in traj.calls if (c.served_by or "").partition("@")[0] in names and not c.error]
-    by_number = {c.index: c for c in traj.calls}
+    policy = [c for c in traj.calls if (c.served_by or "").partition("@")[0] in names and not c.error
+              and getattr(c, "nested_in", None) is None]  # a nested rollout's calls are filed under its own id
+    by_number = {c.index: c for c in traj.calls if getattr(c, "nested_in", None) is None}
     matched, added, lost = 0, [], []
     for call in served:
         number = getattr(call, "call", None)

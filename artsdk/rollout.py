@@ -124,6 +124,7 @@ class Rollout(Generic[R]):
         traj = self._new(args, kwargs)
         for k, v in fields.items():
             setattr(traj, k, v)
+        outer = current_recorder.get()  # a rollout called inside another one: its calls are the outer's too
         rec = Recorder(seed, traj.id)
         t0 = perf_counter()
         token = current_recorder.set(rec)
@@ -140,6 +141,11 @@ class Rollout(Generic[R]):
         finally:
             current_recorder.reset(token)
             self._finish(traj, rec, perf_counter() - t0)
+            if outer is not None and outer.pid == rec.pid:
+                for call in traj.calls:  # in the order made, after the outer's earlier ones
+                    copy = call.model_copy(deep=True)
+                    copy.nested_in = traj.id  # type: ignore[attr-defined] - the endpoint files it under that rollout
+                    outer.add(copy)
             if plain:
                 self._record_plain(traj)
 

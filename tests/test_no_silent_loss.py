@@ -167,3 +167,55 @@ async def test_openai_objects_in_dict_messages_are_stored_as_data(async_client, 
         assert "look" in message_text(t.calls[1].messages[1])  # raised before
     again = await art.replay.rerun(agent, stored)
     assert again.error is None and again.outcome == t.outcome
+
+
+# -- other LLM servers' routes are named too --------------------------------------------------
+
+@pytest.mark.parametrize("route", ["/api/chat", "/api/generate", "/completion", "/models/gemini:generateContent",
+                                   "/threads/thread_1/runs", "/threads/runs"])
+def test_other_llm_servers_routes_are_reported_by_url(server, route):
+    import httpx
+
+    @art.rollout
+    def agent() -> int:
+        return httpx.post(server.base_url.removesuffix("/v1") + route, content=body(), timeout=30).status_code
+
+    t = agent.collect_sync()
+    (warning,) = [w for w in t.warnings if w.startswith(ESCAPED)]  # sent unreported before
+    assert f"POST {server.base_url.removesuffix('/v1')}{route}" in warning
+
+
+def test_a_post_that_is_no_llm_call_is_not_reported(server):
+    import httpx
+
+    @art.rollout
+    def agent() -> int:
+        return httpx.post(server.base_url.removesuffix("/v1") + "/api/users", content=b"{}", timeout=30).status_code
+
+    assert not [w for w in agent.collect_sync().warnings if w.startswith(ESCAPED)]
+
+
+# -- a rollout called inside another -----------------------------------------------------------
+
+async def test_a_sub_agent_s_calls_are_on_its_trajectory_and_the_outer_one(async_client, art_store):
+    @art.rollout
+    async def researcher(q: str) -> str:
+        r = await async_client.chat.completions.create(model="m", messages=[{"role": "user", "content": q}])
+        return r.choices[0].message.content
+
+    @art.rollout
+    async def lead() -> str:
+        await async_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "plan"}])
+        found = await researcher("dig")  # called plainly: a rollout of its own, inside this one
+        await async_client.chat.completions.create(model="m", messages=[{"role": "user", "content": found}])
+        return found
+
+    art.configure(record_calls=True)
+    try:
+        outer = await lead.collect()
+    finally:
+        art.configure(record_calls=None)
+    assert [c.messages[0]["content"] for c in outer.calls] == ["plan", "dig", outer.outcome]  # "dig" was missing
+    assert not outer.warnings
+    (inner,) = art_store.trajectories(rollout=researcher.name)
+    assert [c.messages[0]["content"] for c in inner.calls] == ["dig"]

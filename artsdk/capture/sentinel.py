@@ -12,12 +12,16 @@ record without anyone knowing.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping, Optional
 
 from ..errors import CaptureError
 from .context import ROLLOUT_HEADER, current_recorder, inside_call, routes
 
-LLM_ROUTES = ("/chat/completions", "/responses", "/completions", "/messages")
+LLM_ROUTES = ("/chat/completions", "/responses", "/completions", "/messages",
+              # other LLM servers' routes: Ollama, llama.cpp, Gemini, the Assistants API's runs
+              "/api/chat", "/api/generate", "/completion", ":generateContent", ":streamGenerateContent")
+_RUNS = re.compile(r"/threads(/[^/]+)?/runs$")
 ESCAPED = "an LLM call escaped capture"
 
 
@@ -27,7 +31,7 @@ def check(method: str, url: str, path: str, library: str, headers: Optional[Mapp
     rec = current_recorder.get()
     if rec is None or inside_call.get() or method.upper() != "POST":
         return
-    if not path.rstrip("/").endswith(LLM_ROUTES):
+    if not path.rstrip("/").endswith(LLM_ROUTES) and not _RUNS.search(path.rstrip("/")):
         return
     if _filed_by_endpoint(url, path, headers):
         return  # the backend's endpoint files it under the rollout (reconcile.py adds it to the trajectory)
