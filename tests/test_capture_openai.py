@@ -193,6 +193,26 @@ def test_tool_calls_plain_and_streamed(sync_client):
     assert streamed.choices[0].token_ids == [ord(c) for c in expected]
 
 
+async def test_a_stream_read_through_its_bytes_is_recorded_whole(sync_client, async_client):
+    """An agent that reads a chat stream's bytes itself (``stream.response.iter_bytes()`` /
+    ``iter_lines()``) instead of its chunks: recorded from the bytes (it was stored as cut
+    short, with no content)."""
+    @art.rollout
+    async def agent():
+        s = sync_client.chat.completions.create(model="m", messages=user("by bytes"), stream=True)
+        raw = b"".join(s.response.iter_bytes())
+        a = await async_client.chat.completions.create(model="m", messages=user("by lines"), stream=True)
+        lines = [line async for line in a.response.aiter_lines()]
+        return raw.count(b"data: {"), sum(line.startswith("data: {") for line in lines)
+
+    t = await agent.collect()
+    assert t.error is None and min(t.outcome) > 1
+    by_bytes, by_lines = t.calls
+    for call, text in ((by_bytes, "echo: by bytes"), (by_lines, "echo: by lines")):
+        assert call.stream and not call.incomplete and call.error is None
+        assert call.message["content"] == text and call.choices[0].trainable
+
+
 async def test_n_greater_than_one(async_client):
     @art.rollout
     async def agent():

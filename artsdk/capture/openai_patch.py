@@ -167,7 +167,10 @@ def _record(rec: Recorder, slot: int, api: API, kwargs: dict[str, Any], resp: An
     if _raw_mode(kwargs) is not None and hasattr(resp, "http_response"):
         _watch_raw(rec, slot, api, kwargs, resp.http_response, t0)
     elif kwargs.get("stream") is True:
-        watch_stream(rec, slot, api.accumulator(kwargs), resp, t0, is_async)
+        def from_bytes(body: bytes, complete: bool) -> LLMCall:
+            return _from_body(api, kwargs, resp.response, body, complete, perf_counter() - t0)
+
+        watch_stream(rec, slot, api.accumulator(kwargs), resp, t0, is_async, from_bytes)
     else:
         rec.fill(slot, api.from_response(kwargs, resp, perf_counter() - t0))
 
@@ -202,16 +205,28 @@ def _from_body(api: API, kwargs: dict[str, Any], http_response: Any, body: bytes
     return call
 
 
-def watch_stream(rec: Recorder, slot: int, acc: Any, stream: Any, t0: float, is_async: bool) -> None:
+def watch_stream(rec: Recorder, slot: int, acc: Any, stream: Any, t0: float, is_async: bool,
+                 from_bytes: Optional[Callable[[bytes, bool], LLMCall]] = None) -> None:
     """Record the stream the agent iterates without changing it: the chunks pass through
     untouched, and the assembled call is recorded when the stream ends, is closed, is left
-    early, or when the rollout finishes first."""
-    done = False
+    early, or when the rollout finishes first. An agent that reads the bytes underneath
+    instead (``stream.response.iter_bytes()``) is recorded from those (``from_bytes``)."""
+    done, seen = False, False
+    body: dict[str, Any] = {}
+    partial = None
+    if from_bytes is not None and getattr(stream, "response", None) is not None:
+        partial = http_body.watch_body(stream.response, lambda data, complete: body.update(data=data, complete=complete))
 
     def finish(left_early: bool, failure: Optional[str] = None) -> None:
         nonlocal done
         if not done:
             done = True
+            if not seen and from_bytes is not None and partial is not None:
+                if "data" not in body:
+                    partial()  # what arrived so far
+                if body.get("data"):
+                    rec.fill(slot, from_bytes(body["data"], body["complete"]))
+                    return
             rec.fill(slot, acc.to_call(perf_counter() - t0, left_early, failure))
 
     rec.on_close(slot, lambda: finish(True))
@@ -220,9 +235,11 @@ def watch_stream(rec: Recorder, slot: int, acc: Any, stream: Any, t0: float, is_
 
     if is_async:
         async def agen() -> Any:
+            nonlocal seen
             complete, failure = False, None
             try:
                 async for chunk in inner:
+                    seen = True
                     acc.add(chunk)
                     yield chunk
                 complete = True
@@ -242,9 +259,11 @@ def watch_stream(rec: Recorder, slot: int, acc: Any, stream: Any, t0: float, is_
         stream.close = aclose
     else:
         def gen() -> Any:
+            nonlocal seen
             complete, failure = False, None
             try:
                 for chunk in inner:
+                    seen = True
                     acc.add(chunk)
                     yield chunk
                 complete = True
