@@ -218,3 +218,33 @@ def test_rollout_env_outside_a_rollout_or_a_session_says_what_is_needed():
 
     with pytest.raises(art.RolloutError, match="open art.session"):
         agent()
+
+
+async def test_artsdk_serve_records_and_reconciles_the_same_way(tmp_path, art_store):
+    from backends.remote import RemoteBackend
+    from tests.serve_process import KEY, Serve, free_port
+
+    srv = Serve(tmp_path, free_port()).start()
+    client = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused", max_retries=0)
+    try:
+        be = RemoteBackend(srv.url, api_key=KEY)
+        async with art.session(art.TrainableModel("m", base_model="tiny", project="e"), backend=be):
+            @art.rollout
+            async def agent() -> list:
+                await client.chat.completions.create(model="m", messages=ASK, max_tokens=3)
+                async with httpx.AsyncClient(timeout=120) as h:
+                    r = await h.post(f"{art.rollout_url()}/chat/completions", headers={
+                        "Authorization": f"Bearer {art.rollout_env()['OPENAI_API_KEY']}"}, json={
+                        "model": "m", "messages": [{"role": "user", "content": "raw"}], "max_tokens": 3})
+                return r.json()["choices"][0]["token_ids"]
+
+            (group,) = await art.gather(agent, [art.Args()], group_size=1)
+        await be.close()
+    finally:
+        srv.stop()
+        await client.close()
+    (t,) = group.trajectories
+    assert t.metadata["calls_recorded"] == {"client": 1, "endpoint": 2, "matched": 1, "endpoint_only": 1,
+                                            "client_only": 0}
+    assert t.calls[1].provider == "endpoint" and t.calls[1].choices[0].token_ids == t.outcome
+    assert t.calls[1].messages == [{"role": "user", "content": "raw"}]
