@@ -1,12 +1,13 @@
 """Store throughput: write and read back 10,000 trajectories of 10 messages, next to raw
 ``sqlite3`` ``executemany`` of the very same rows into the same schema (the limit).
 
-    python -m bench.store [--n 10000]
+    python -m bench.store [--n 10000] [--page 100000]
 
 "artsdk" starts from Trajectory objects and ends with them committed (write), or starts
 from the file and ends with Trajectory objects (read). "raw sqlite3" gets the rows already
 serialized and only inserts them in one transaction (write), or fetches the rows and
-decodes their JSON columns with the json module, building no objects (read). Writes bench/results/store.json.
+decodes their JSON columns with the json module, building no objects (read). Then the newest
+page of one project in a store of 100,000 trajectories. Writes bench/results/store.json.
 """
 
 from __future__ import annotations
@@ -107,11 +108,43 @@ def bench_raw(trajs: list[art.Trajectory], folder: Path) -> tuple[float, float]:
     return write, read
 
 
+def newest_page(folder: Path, n: int, repeat: int = 20) -> dict[str, float]:
+    """A store of ``n`` trajectories over 10 projects: the newest 50 of one project, through
+    ``Store.trajectories`` (median seconds) beside the same SELECT in raw sqlite3."""
+    path = folder / "page.db"
+    store = art.Store(path)
+    base = make(1)[0]
+    for start in range(0, n, 5000):
+        batch = []
+        for i in range(start, min(n, start + 5000)):
+            t = base.model_copy(deep=True, update={"id": f"{i:032d}", "project": f"p{i % 10}"})
+            t.started_at = t.started_at.fromtimestamp(1_700_000_000 + i, t.started_at.tzinfo)
+            batch.append(t)
+        store.save(batch)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        page = store.trajectories(project="p3", newest_first=True, limit=50)
+        times.append(time.perf_counter() - t0)
+    assert len(page) == 50 and page[0].id == f"{n - 7:032d}"
+    store.close()
+    db = sqlite3.connect(path)
+    raw = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        db.execute("SELECT * FROM art_trajectories WHERE project = ? ORDER BY started_at DESC, id LIMIT 50",
+                   ("p3",)).fetchall()
+        raw.append(time.perf_counter() - t0)
+    db.close()
+    return {"page_trajectories": n, "newest_page_s": sorted(times)[repeat // 2], "raw_page_s": sorted(raw)[repeat // 2]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--page", type=int, default=100_000, help="trajectories in the store the newest page is read from")
     a = ap.parse_args()
     trajs = make(a.n)
     best: dict[str, list[float]] = {"artsdk": [1e9, 1e9], "raw": [1e9, 1e9]}
@@ -126,6 +159,8 @@ def main() -> None:
         "artsdk_write_per_s": a.n / best["artsdk"][0], "raw_write_per_s": a.n / best["raw"][0],
         "artsdk_read_per_s": a.n / best["artsdk"][1], "raw_read_per_s": a.n / best["raw"][1],
     }
+    with tempfile.TemporaryDirectory() as d:
+        result.update(newest_page(Path(d), a.page))
     result["write_ratio"] = result["artsdk_write_per_s"] / result["raw_write_per_s"]
     result["read_ratio"] = result["artsdk_read_per_s"] / result["raw_read_per_s"]
     save_result("store", result)
@@ -133,6 +168,8 @@ def main() -> None:
           f"{result['raw_write_per_s']:,.0f} traj/s, ratio {result['write_ratio']:.2f}")
     print(f"read:  artsdk {result['artsdk_read_per_s']:,.0f} traj/s, raw sqlite3 "
           f"{result['raw_read_per_s']:,.0f} traj/s, ratio {result['read_ratio']:.2f}")
+    print(f"newest 50 of one project in {a.page:,} trajectories: {result['newest_page_s'] * 1000:.1f} ms "
+          f"(the SELECT alone in sqlite3: {result['raw_page_s'] * 1000:.1f} ms)")
 
 
 if __name__ == "__main__":

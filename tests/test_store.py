@@ -309,3 +309,23 @@ async def test_postgres_restarted_mid_run_loses_nothing(postgres, postgres_url, 
     assert {t.id for t in store.trajectories(project="pg", limit=10_000)} == set(sent)
     assert "the store cannot be reached" in caplog.text and "reachable again" in caplog.text
     store.close()
+
+
+@pytest.mark.parametrize("filters", [{"project": "p"}, {"project": "p", "model": "m"},
+                                     {"project": "p", "model": "m", "run": "r"}])
+def test_newest_first_pages_are_read_by_an_index_not_a_sort(tmp_path, filters):
+    """The viewer's and the CLI's newest-first page walks an index in order: no sort of every
+    matching row (a 100,000-trajectory store: bench.store)."""
+    import sqlalchemy as sa
+
+    from artsdk.store import tables as T
+    from artsdk.store.query import select_trajectories
+
+    with art.Store(tmp_path / "s.db") as store:
+        t = T.TrajectoryRow.__table__
+        q = select_trajectories(**filters).order_by(t.c.started_at.desc(), t.c.id).limit(50)
+        sql = str(q.compile(store._engine, compile_kwargs={"literal_binds": True}))
+        with store._engine.connect() as conn:
+            plan = " | ".join(str(r[-1]) for r in conn.execute(sa.text("EXPLAIN QUERY PLAN " + sql)))
+    assert "ix_art_traj_p" in plan and "started" in plan, plan
+    assert "TEMP B-TREE FOR ORDER BY" not in plan, plan  # sorted every match before

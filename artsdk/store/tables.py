@@ -91,7 +91,11 @@ class GroupRow(_Table, table=True):
 class TrajectoryRow(_Table, table=True):
     __tablename__ = "art_trajectories"
     __table_args__ = (Index("ix_art_traj_pms", "project", "model", "step"),
-                      Index("ix_art_traj_pmrs", "project", "model", "run", "step"))
+                      Index("ix_art_traj_pmrs", "project", "model", "run", "step"),
+                      # newest-first pages (trajectories(..., newest_first=True), `artsdk trajectories list`)
+                      Index("ix_art_traj_p_started", "project", "started_at"),
+                      Index("ix_art_traj_pm_started", "project", "model", "started_at"),
+                      Index("ix_art_traj_pmr_started", "project", "model", "run", "started_at"))
     id: str = Field(primary_key=True)
     project: Optional[str] = None
     model: Optional[str] = None
