@@ -35,6 +35,8 @@ import torch
 
 from artsdk.futures import settle
 
+from .prefix_cache import PrefixCache
+
 log = logging.getLogger("artsdk.local")
 QUIET, GATHER = 0.005, 0.03
 # Temperatures below this sample as if they were this: dividing logits by 1e-300 overflows,
@@ -91,8 +93,9 @@ class Engine:
     ``policy`` adapter is trained -- with the trainer."""
 
     def __init__(self, model: Any, tokenizer: Any, stop_ids: list[int], device: str, *,
-                 max_batch: int = 64, merger: Any = None) -> None:
+                 max_batch: int = 64, merger: Any = None, prefix_cache: Optional[PrefixCache] = None) -> None:
         self.model = model
+        self.prefix_cache = prefix_cache  # keys and values of earlier sequences, by tokens and step
         self.tok = tokenizer
         self.stop_ids = set(stop_ids)
         self.device = device
@@ -148,6 +151,8 @@ class Engine:
         with self._slots_lock:
             if step in self.slots:
                 self.free.append(self.slots.pop(step))
+        if self.prefix_cache is not None:
+            self.prefix_cache.retire(step)
 
     def adapter_for(self, step: int) -> Optional[str]:
         return None if step == 0 else self.slots[step]
@@ -251,6 +256,54 @@ class Engine:
         model.set_adapter(adapter)
         return _null()
 
+    def _prefill_inputs(self, prompts: list[tuple[int, ...]], step: int) -> dict[str, Any]:
+        """The first forward pass's inputs for these distinct prompts: each prompt's tokens after
+        what the prefix cache holds of it, left-padded so that every row ends at the same column,
+        behind the cached keys and values (themselves left-padded the same way)."""
+        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
+        hits = [self.prefix_cache.lookup(step, p) if self.prefix_cache is not None else (0, None) for p in prompts]
+        cached = max(n for n, _ in hits)
+        width = max(len(p) - n for p, (n, _) in zip(prompts, hits))
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), cached + width), dtype=torch.long)
+        pos = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, (p, (n, _)) in enumerate(zip(prompts, hits)):
+            rest = p[n:]
+            ids[row, width - len(rest):] = torch.tensor(rest)
+            mask[row, cached - n:cached] = 1
+            mask[row, cached + width - len(rest):] = 1
+            pos[row, width - len(rest):] = torch.arange(n, len(p))
+        inputs = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device),
+                  "position_ids": pos.to(self.device)}
+        if cached:
+            from transformers import DynamicCache
+
+            layers = []
+            for layer in range(len(next(kv for _, kv in hits if kv is not None))):
+                shape = next(kv[layer][0].shape for _, kv in hits if kv is not None)
+                like = next(kv[layer][0] for _, kv in hits if kv is not None)
+                keys = like.new_zeros((len(prompts), shape[0], cached, shape[2]))
+                values = torch.zeros_like(keys)
+                for row, (n, kv) in enumerate(hits):
+                    if n:
+                        keys[row, :, cached - n:] = kv[layer][0]
+                        values[row, :, cached - n:] = kv[layer][1]
+                layers.append((keys, values))
+            inputs["past_key_values"] = DynamicCache(ddp_cache_data=layers, config=self.model.config)
+        return inputs
+
+    def _keep(self, s: Seq, past: Any, row: int, mask: torch.Tensor, step: int) -> None:
+        """Put a finished choice's keys and values in the prefix cache: its prompt and the tokens it
+        sampled, but the last (whose keys were never computed)."""
+        if self.prefix_cache is None or s.out.finish_reason == "cancelled":
+            return
+        tokens = tuple(s.req.prompt) + tuple(s.out.token_ids[:-1])
+        valid = mask[row].nonzero()[:, 0]
+        if len(valid) != len(tokens):
+            return  # not what it should be: better not kept than wrong
+        kv = [(layer.keys[row][:, valid].clone(), layer.values[row][:, valid].clone()) for layer in past.layers]
+        self.prefix_cache.store(step, tokens, kv)
+
     def _decode(self, seqs: list[Seq], step: int) -> None:
         model = self.model
         ctx = self.serving(step)
@@ -258,15 +311,8 @@ class Engine:
         # cache is then copied out to every sequence that shares it
         prompts: dict[tuple[int, ...], int] = {}
         share = [prompts.setdefault(tuple(s.req.prompt), len(prompts)) for s in seqs]
-        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, p in enumerate(prompts):  # left padding: every prompt ends at the same column
-            ids[row, width - len(p):] = torch.tensor(p)
-            mask[row, width - len(p):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        inputs = self._prefill_inputs(list(prompts), step)
+        mask, pos = inputs["attention_mask"], inputs["position_ids"]
         temps = torch.tensor([s.req.temperature for s in seqs], dtype=torch.float32, device=self.device)
         top_ps = torch.tensor([s.req.top_p for s in seqs], dtype=torch.float32, device=self.device)
         budget = max(s.req.max_tokens for s in seqs)
@@ -274,7 +320,7 @@ class Engine:
         with ctx:
             # only the last position's logits are sampled from: projecting every prompt position
             # onto the vocabulary would cost more than the rest of the prefill on a small model
-            out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+            out = model(**inputs, use_cache=True, logits_to_keep=1)
             past = out.past_key_values
             if len(prompts) < len(seqs):
                 index = torch.tensor(share, device=self.device)
@@ -290,6 +336,8 @@ class Engine:
                         finished_rows.append(row)
                 self.stats["tokens"] += len(alive)
                 if finished_rows:
+                    for row in finished_rows:
+                        self._keep(seqs[alive[row]], past, row, mask, step)
                     done = set(finished_rows)
                     keep = [r for r in range(len(alive)) if r not in done]
                     if not keep:
