@@ -105,6 +105,21 @@ async def with_endpoint_record(traj: Trajectory) -> None:
         reconcile(traj, list(served), settings().strict_capture)
 
 
+def note_changed_history(traj: Trajectory) -> None:
+    """Say on the trajectory where a call of a conversation does not carry the one before as it
+    was sampled -- the agent changed its history -- so that the two train as separate segments.
+    Calls that start another conversation (another first message) are not flagged."""
+    calls = [c for c in traj.calls if c.prompt_token_ids and c.choices and c.choices[0].token_ids is not None]
+    for a, b in zip(calls, calls[1:]):
+        if not a.messages or not b.messages or b.messages[0] != a.messages[0]:
+            continue
+        carried = a.prompt_token_ids + list(a.choices[0].token_ids)  # type: ignore[operator]
+        if b.prompt_token_ids[:len(carried)] != carried:  # type: ignore[index]
+            traj.warnings.append(f"call {b.index} continues the conversation of call {a.index}, but with its history "
+                                 f"changed (its prompt does not carry call {a.index}'s prompt and sampled tokens): the "
+                                 f"two train as separate segments")
+
+
 def rollout_url() -> str:
     """The base URL that files a call under the running rollout: the open session's endpoint
     at ``/r/<rollout id>/v1``. For a client artsdk does not patch (``httpx.post``, a native

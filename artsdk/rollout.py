@@ -25,7 +25,7 @@ import anyio
 
 from .capture import Recorder, current_recorder
 from .errors import RewardError
-from .reconcile import with_endpoint_record
+from .reconcile import note_changed_history, with_endpoint_record
 from .rewards import RewardLike, score
 from .trajectory import ErrorInfo, Trajectory, utcnow
 
@@ -192,6 +192,7 @@ class Rollout(Generic[R]):
                         e = TimeoutError(f"rollout {self.name!r} took longer than its timeout of {timeout} s")
                     traj.error = ErrorInfo.from_exception(e)
             await with_endpoint_record(traj)  # calls only the backend's endpoint saw (reconcile.py)
+            note_changed_history(traj)
             return traj
         except BaseException:
             if interrupted is not None and traj is not None:

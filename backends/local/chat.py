@@ -68,15 +68,31 @@ class ChatFormat:
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]] = None) -> list[int]:
         """Token ids of the prompt, ending where the assistant's answer starts."""
+        return self.encode(self.render(messages, tools, generation=True))
+
+    def render(self, messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]], generation: bool) -> str:
+        """The conversation as the chat template writes it (``generation``: with the opening of
+        the assistant's answer after it)."""
         msgs = self._normalize(check_messages(messages), tools)
-        kwargs: dict[str, Any] = {"add_generation_prompt": True, "tokenize": False}
+        kwargs: dict[str, Any] = {"add_generation_prompt": generation, "tokenize": False}
         if tools and self.native_tools:
             kwargs["tools"] = tools
         try:
-            text = self.tok.apply_chat_template(msgs, **kwargs)
+            return self.tok.apply_chat_template(msgs, **kwargs)
         except Exception as e:  # a template raising on unusual messages
             raise TrajectoryError(f"the chat template could not render these messages: {e}") from None
-        return self.encode(text)
+
+    def text_after(self, messages: list[dict[str, Any]], k: int, tools: Optional[list[dict[str, Any]]]) -> Optional[str]:
+        """The prompt's text after the end token that closes the answer ``messages[k]`` (the
+        template's own separator, the later turns, the opening of the next answer); None when
+        the template does not render the conversation as the earlier one's text extended."""
+        whole = self.render(messages, tools, generation=True)
+        before = self.render(messages[:k + 1], tools, generation=False)
+        end = self.tok.convert_ids_to_tokens(self.end_id)
+        cut = before.rfind(end) if isinstance(end, str) else -1
+        if cut < 0 or not whole.startswith(before[:cut + len(end)]):
+            return None
+        return whole[cut + len(end):]
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no special tokens added); safe from several threads."""

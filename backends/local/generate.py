@@ -57,8 +57,8 @@ async def prepare(served: ServedModel, messages: list[dict[str, Any]], tools: Op
 
 def _render(served: ServedModel, messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]],
             where: str) -> list[int]:
-    try:
-        return served.chat.prompt_ids(messages, tools)
+    try:  # earlier answers this server gave go in as the tokens it sampled (continuation.py)
+        return served.continuations.prompt_ids(messages, tools)[0]
     except TrajectoryError as e:
         raise BadRequest(str(e), where) from None
 

@@ -22,6 +22,7 @@ from artsdk.errors import BackendError, TrainingError
 
 from .batch import Tokenizing
 from .checkpoints import Checkpoints
+from .continuation import Continuations
 from .engine import Completion, Request
 from .policy import Policy, lora_settings
 from .sft import SFTConfig, sft_step
@@ -51,6 +52,7 @@ class ServedModel:
                     f"(or project), or move that folder away to start over")
         self.policy = policy = Policy(spec, cache=cache, device=device, dtype=dtype, train_config=self.train_config)
         self.model, self.tokenizer, self.chat = policy.model, policy.tokenizer, policy.chat
+        self.continuations = Continuations(self.chat)  # answers given, for the next turn's prompt
         self.optimizer, self.lora_config, self.context_length = policy.optimizer, policy.lora_config, policy.context_length
         self.keep_checkpoints = keep_checkpoints
         self.best_metric = best_metric

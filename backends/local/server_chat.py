@@ -79,14 +79,20 @@ def add_chat_routes(app: FastAPI, models: Callable[[], dict[str, ServedModel]], 
         req = await prepare(served, [m.model_dump(exclude_unset=True) for m in body.messages], body.tools,
                             "messages", max_tokens=asked, n=body.n, temperature=body.temperature, top_p=body.top_p,
                             stop=stops, seed=body.seed, min_tokens=max(0, body.min_tokens))
-        def keep(outs: list[Completion]) -> None:  # the endpoint's own record of the call, by rollout
+        def keep(outs: list[Completion]) -> None:
+            """The endpoint's own record of the call, by rollout; each answer, for the next turn."""
             rollout, number, via = rollout_of(request.headers)
+            messages = [m.model_dump(exclude_unset=True) for m in body.messages]
+            texts = [served.chat.parse(c.text, body.tools) for c in outs]
             record.add(rollout, served_call(
-                model=f"{served.spec.name}@{req.step}", messages=[m.model_dump(exclude_unset=True) for m in body.messages],
+                model=f"{served.spec.name}@{req.step}", messages=messages,
                 tools=body.tools, params=body.model_dump(exclude_unset=True, exclude={"messages", "model", "tools",
                                                                                       "stream", "stream_options"}),
-                prompt=req.prompt, outs=outs, texts=[served.chat.parse(c.text, body.tools) for c in outs],
+                prompt=req.prompt, outs=outs, texts=texts,
                 stream=body.stream, latency=time.perf_counter() - t0, call=number, via=via))
+            for c, (content, tool_calls) in zip(outs, texts):
+                answer = {"role": "assistant", "content": content, **({"tool_calls": tool_calls} if tool_calls else {})}
+                served.continuations.remember(messages, body.tools, req.prompt, c.token_ids, answer)
 
         if body.stream:
             future, events = submit_streaming(served, req, step)

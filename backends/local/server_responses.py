@@ -127,6 +127,8 @@ def add_responses_routes(app: FastAPI, models: Callable[[], dict[str, ServedMode
                     exclude_unset=True, exclude={"input", "model", "tools", "stream", "instructions"}),
                 prompt=req.prompt, outs=[c], texts=[(content, tool_calls)], stream=body.stream,
                 latency=time.perf_counter() - t0, call=number, via=via, provider="endpoint-responses"))
+            served.continuations.remember(system + conversation, tools, req.prompt, c.token_ids, {
+                "role": "assistant", "content": content, **({"tool_calls": tool_calls} if tool_calls else {})})
             out = _response(served, body, req, rid, c, content, tool_calls)
             if body.store:
                 history.put(rid, name, conversation + [{"role": "assistant", "content": content,
