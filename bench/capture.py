@@ -126,6 +126,38 @@ def direct_cost(n: int = 3000) -> dict:
     return {"case": "record only (no I/O)", "overhead_us": (time.perf_counter() - t0) / n * 1e6}
 
 
+def conversation_cost(n: int = 3000) -> list[dict]:
+    """Recording one call of a growing conversation inside a rollout, at 1, 10 and 50 messages
+    (the agent appending to its list, as agents do): the work alone, no network; the best of
+    5 runs of ``n`` calls each."""
+    import timeit
+
+    from openai.types.chat import ChatCompletion
+
+    from artsdk.capture.context import Recorder, current_recorder
+    from artsdk.capture.record import from_response
+
+    resp = ChatCompletion.model_validate({
+        "id": "x", "object": "chat.completion", "created": 0, "model": "m@1",
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Paris."},
+                     "token_ids": list(range(24))}]})
+    rows = []
+    for size in (1, 10, 50):
+        messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: " + "words " * 30}
+                    for i in range(size)]
+        token = current_recorder.set(Recorder())
+        try:
+            from_response("openai", {"model": "m", "messages": messages}, resp, 0.0)  # the conversation so far
+            best = min(timeit.repeat(lambda: from_response("openai", {"model": "m", "messages": messages}, resp, 0.0),
+                                     number=n, repeat=5))
+        finally:
+            current_recorder.reset(token)
+        rows.append({"case": f"record a call of {size} message(s)", "messages": size, "overhead_us": best / n * 1e6})
+    for r in rows:
+        r["vs_one_message"] = r["overhead_us"] / rows[0]["overhead_us"]
+    return rows
+
+
 def direct_cost_responses(n: int = 3000) -> dict:
     """The same for a Responses API answer (items to the chat view, and the items kept)."""
     from openai._models import construct_type
@@ -158,7 +190,7 @@ def main() -> None:
                 measure("sync stream", url, a.calls // 2, a.block, stream=True),
                 measure("responses", url, a.calls, a.block, stream=False, api="responses"),
                 measure("responses stream", url, a.calls // 2, a.block, stream=True, api="responses"),
-                direct_cost(), direct_cost_responses()]
+                direct_cost(), direct_cost_responses(), *conversation_cost()]
     finally:
         proc.terminate()
         proc.wait(10)

@@ -278,3 +278,25 @@ async def test_sync_rollout_in_gather_records_into_its_own_trajectory(sync_clien
     for i, g in enumerate(groups):
         for t in g:
             assert t.outcome == f"echo: q{i}" and t.calls[0].messages == user(f"q{i}")
+
+
+def test_each_call_records_the_conversation_it_sent_even_when_the_agent_edits_it_in_place(sync_client):
+    """Recording reuses the copies an earlier call made of the messages that still say the
+    same (so a call costs the same at the 50th turn as at the first: bench.capture), and
+    copies anew what the agent changed in place."""
+    @art.rollout
+    def agent():
+        messages = [{"role": "user", "content": "first"}]
+        for k in range(3):
+            r = sync_client.chat.completions.create(model="m", messages=messages)
+            messages.append({"role": "assistant", "content": r.choices[0].message.content})
+            messages.append({"role": "user", "content": f"more {k}"})
+        messages[0]["content"] = "[cut]"  # the agent trims its history in place
+        sync_client.chat.completions.create(model="m", messages=messages)
+
+    t = agent.collect_sync()
+    first, second, third, fourth = t.calls
+    assert [m["content"] for m in first.messages] == ["first"]
+    assert third.messages[:3] == second.messages and third.messages[0]["content"] == "first"
+    assert fourth.messages[0]["content"] == "[cut]" and len(fourth.messages) == 7  # what was sent
+    assert first.messages[0]["content"] == "first"  # and the earlier calls keep what they sent

@@ -27,7 +27,7 @@ class Recorder:
     in (each takes its slot when it starts), also when concurrent calls or streams finish
     out of order. A call made after the rollout ended is not added, and is logged."""
 
-    __slots__ = ("calls", "notes", "seed", "rollout_id", "closed", "pid", "_pending", "_lock")
+    __slots__ = ("calls", "notes", "seed", "rollout_id", "closed", "pid", "copies", "_pending", "_lock")
 
     def __init__(self, seed: Optional[int] = None, rollout_id: Optional[str] = None) -> None:
         self.calls: list[Optional[LLMCall]] = []
@@ -36,6 +36,7 @@ class Recorder:
         self.rollout_id = rollout_id  # the trajectory's id: sent to the backend with its calls
         self.closed = False
         self.pid = os.getpid()  # a forked child inherits the context, not the rollout: it records nothing
+        self.copies: dict[str, Any] = {}  # the last call's messages and their copies (record.copied)
         self._pending: dict[int, Callable[[], None]] = {}
         self._lock = threading.Lock()
 

@@ -25,7 +25,7 @@ CUT = "the stream ended before its finish reason: the connection was cut"
 def request_parts(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]], Any, dict[str, Any]]:
     """(model, messages, tools, params) of a create() call, copied so the agent appending
     to its message list later does not rewrite history."""
-    messages = [as_message(m) for m in kwargs.get("messages") or ()]
+    messages = copied(kwargs.get("messages") or ())
     tools = kwargs.get("tools")
     if tools is not None and not _given(tools):
         tools = None
@@ -39,6 +39,28 @@ def request_parts(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]], An
             v = response_format_sent(v)
         params[k] = v
     return str(kwargs.get("model", "")), messages, tools, params
+
+
+def copied(messages: Any) -> list[dict[str, Any]]:
+    """``messages`` as plain dicts (``as_message``), the part an earlier call of the rollout
+    sent reusing that call's copies when it still says the same (one comparison, at C speed:
+    the usual agent appends to its list). So recording a call costs about the same at the 50th
+    turn as at the first, and a message changed in place (``msg["content"] = "[cut]"``) is
+    copied anew."""
+    from .context import current_recorder  # here: context.py imports this module
+
+    rec = current_recorder.get()
+    messages = list(messages)
+    if rec is None:
+        return [as_message(m) for m in messages]
+    last = rec.copies.get("last") or []
+    n = len(last)
+    if n and n <= len(messages) and messages[:n] == last:
+        out = last + [as_message(m) for m in messages[n:]]
+    else:
+        out = [as_message(m) for m in messages]
+    rec.copies["last"] = out
+    return out
 
 
 def response_format_sent(cls: type) -> Any:
@@ -151,7 +173,9 @@ def from_response(
         )
     served_by = getattr(resp, "model", None)
     extra = getattr(resp, "model_extra", None) or {}
-    return LLMCall(
+    # built without validating the messages again: they are the plain dicts ``copied`` made, and
+    # validating them would copy every message of the conversation on every call
+    return LLMCall.model_construct(
         provider=provider, model=model, messages=messages, tools=tools, params=params,
         choices=choices, served_by=served_by, step=served_step(served_by),
         usage=_usage(resp), latency=latency,
