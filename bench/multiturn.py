@@ -4,6 +4,7 @@ with the built-in engine's prefix cache on and off; turn k's time against turn 1
 over several conversations), and the whole conversation's, in one run with threads pinned.
 
     python -m bench.multiturn [--model HuggingFaceTB/SmolLM2-135M-Instruct] [--rollouts 4] [--threads 2]
+    python -m bench.multiturn --engine vllm      # vLLM's prefix caching on and off, the same way
 
 The answers are the same token for token with the cache on and off (checked here). Writes
 bench/results/multiturn.json.
@@ -47,12 +48,15 @@ async def conversation(client: AsyncOpenAI, model: str, seed: int) -> tuple[list
     return times, answers
 
 
-async def one_setting(base_model: str, cache_mb: int, rollouts: int) -> dict[str, Any]:
+async def one_setting(base_model: str, cache_mb: int, rollouts: int, engine: str = "builtin") -> dict[str, Any]:
     import artsdk as art
     from backends.local import LocalBackend
 
     with tempfile.TemporaryDirectory() as home:
-        be = LocalBackend(device="cpu", home=home, prefix_cache_mb=cache_mb)
+        if engine == "vllm":  # vLLM's own prefix caching, on or off
+            be = LocalBackend(device="cpu", home=home, engine="vllm", vllm={"prefix_caching": bool(cache_mb)})
+        else:
+            be = LocalBackend(device="cpu", home=home, prefix_cache_mb=cache_mb)
         endpoint = await be.register(art.TrainableModel("bench", base_model=base_model, project="bench"))
         client = AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
         await conversation(client, "bench", -1)  # warm up (and, with the cache on, a conversation unlike the rest)
@@ -64,7 +68,7 @@ async def one_setting(base_model: str, cache_mb: int, rollouts: int) -> dict[str
                 turns[k].append(t)
             totals.append(sum(times))
             answers.append(said)
-        stats = be.models["bench"].engine.prefix_cache.stats if cache_mb else None
+        stats = be.models["bench"].engine.prefix_cache.stats if cache_mb and engine == "builtin" else None
         await client.close()
         await be.close()
     medians = [statistics.median(t) for t in turns]
@@ -76,15 +80,15 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
     print(f"threads: {torch.get_num_threads()} (torch), model {a.model}", flush=True)
-    off = await one_setting(a.model, 0, a.rollouts)
-    on = await one_setting(a.model, a.cache_mb, a.rollouts)
+    off = await one_setting(a.model, 0, a.rollouts, a.engine)
+    on = await one_setting(a.model, a.cache_mb, a.rollouts, a.engine)
     assert on["answers"] == off["answers"], "the prefix cache changed an answer"
     for name, r in (("cache off", off), ("cache on", on)):
         print(f"{name}: turn medians " + ", ".join(f"{m:.2f}" for m in r["turn_medians_s"])
               + f" s; turn {TURNS} / turn 1 = {r['turn_ratios'][-1]:.2f}; a whole conversation {r['rollout_median_s']:.1f} s")
     for r in (off, on):
         r.pop("answers")
-    return {"model": a.model, "threads": torch.get_num_threads(), "turns": TURNS, "answer_tokens": ANSWER,
+    return {"model": a.model, "engine": a.engine, "threads": torch.get_num_threads(), "turns": TURNS, "answer_tokens": ANSWER,
             "rollouts": a.rollouts, "cache_off": off, "cache_on": on, "same_answers": True,
             "speedup_whole_rollout": off["rollout_median_s"] / on["rollout_median_s"]}
 
@@ -95,8 +99,9 @@ def main() -> None:
     ap.add_argument("--rollouts", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache-mb", type=int, default=512)
+    ap.add_argument("--engine", choices=["builtin", "vllm"], default="builtin")
     a = ap.parse_args()
-    save_result("multiturn", asyncio.run(main_async(a)))
+    save_result("multiturn" + ("_vllm" if a.engine == "vllm" else ""), asyncio.run(main_async(a)))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,15 @@
-"""Training throughput: one GRPO step of the local backend next to a bare PyTorch
-forward + backward over the very same packed tokens on the same LoRA model (the limit).
+"""Training throughput: one GRPO step of the local backend (one update) next to a bare
+PyTorch forward + backward + optimizer step over the very same packed rows, with the same
+segment-by-segment attention and row budget, logits where the step computes them (the
+like-for-like limit: what the step costs without its GRPO bookkeeping); and next to a plain
+causal-LM loss over one long row, logits at every position (a reference, not a limit).
 
-    python -m bench.train_throughput [--model HuggingFaceTB/SmolLM2-135M-Instruct] [--groups 4]
+    python -m bench.train_throughput [--model HuggingFaceTB/SmolLM2-135M-Instruct] [--groups 4] [--threads 2]
 
 Trajectories have mixed lengths (prompts 40-240 tokens, completions 8-120), as agent
 trajectories do. Also reports the padding a one-padded-row-per-trajectory batch would carry
-next to artsdk's packed rows (which carry none). Writes bench/results/train_throughput.json.
+next to artsdk's packed rows (which carry none). Threads are pinned (``--threads``, printed).
+Writes bench/results/train_throughput.json.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 import artsdk as art
 from bench.common import local_model, save_result
 from artsdk.testing import trajectory
+from backends.local.attention import packed_attention
 from backends.local.batch import advantages, pack, segments
 from backends.local.trainer import token_logprobs
 
@@ -44,33 +49,44 @@ def make_groups(n_groups: int, group_size: int, vocab: int, seed: int = 0) -> li
     return groups
 
 
-def bare_step(served, groups, budget: int, kept: bool) -> float:
-    """The limit: forward + backward of the same packed rows with a plain loss, and the
-    optimizer step; nothing else. ``kept``: logits only at the trained positions, as artsdk
-    computes them; otherwise at every position, as a plain causal-LM loss would."""
+def bare_step(served, groups, budget: int, like_for_like: bool) -> float:
+    """Forward + backward of the packed rows with a plain loss, and the optimizer step; nothing
+    else. ``like_for_like``: the step's own rows (its budget), its segment-by-segment attention,
+    logits only at the trained positions -- the limit. Otherwise: one long row, the model's own
+    attention, logits at every position, as a plain causal-LM loss computes them."""
     scored, _ = advantages(groups, scale=True)
     rows = pack([segments(t, a, served.tokenizing()).segments for t, a in scored], budget)
     model = served.model
     model.set_adapter("policy")
     model.train()
     t0 = time.perf_counter()
-    for row in rows:
-        ids = torch.tensor([x for s in row for x in s.tokens])
-        pos = torch.tensor([p for s in row for p in range(len(s.tokens))])
-        keep = None
-        if kept:
-            trained = torch.tensor([t for s in row for t in s.trained])
-            keep = torch.nonzero(trained[1:] & (pos[1:] > 0))[:, 0]
-        (-token_logprobs(model, ids, pos, keep).mean()).backward()
+    with packed_attention(model) if like_for_like else _nothing():
+        for row in rows:
+            ids = torch.tensor([x for s in row for x in s.tokens])
+            pos = torch.tensor([p for s in row for p in range(len(s.tokens))])
+            keep = None
+            if like_for_like:
+                trained = torch.tensor([t for s in row for t in s.trained])
+                keep = torch.nonzero(trained[1:] & (pos[1:] > 0))[:, 0]
+            (-token_logprobs(model, ids, pos, keep).mean()).backward()
+    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
     served.optimizer.step()
     served.optimizer.zero_grad(set_to_none=True)
     model.eval()
     return time.perf_counter() - t0
 
 
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
 async def main_async(a: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
+    print(f"threads: {torch.get_num_threads()} (torch)", flush=True)
+    budget = 256  # the step's row budget on the CPU (TrainConfig.tokens_per_row), given to both
     with tempfile.TemporaryDirectory() as home:
         be, model, _ = await local_model(a.model, home)
         served = be.models["bench"]
@@ -78,10 +94,10 @@ async def main_async(a: argparse.Namespace) -> dict:
         ours, calls, bare, full, tokens = [], [], [], [], 0
         for i in range(a.repeat + 1):  # the first round warms up
             t0 = time.perf_counter()
-            res = await be.train(model, groups)
+            res = await be.train(model, groups, minibatches=1, tokens_per_row=budget)  # one update, as the limit
             call = time.perf_counter() - t0
-            b = bare_step(served, groups, 2048, kept=True)
-            f = bare_step(served, groups, 2048, kept=False)
+            b = bare_step(served, groups, budget, like_for_like=True)
+            f = bare_step(served, groups, 2048, like_for_like=False)
             if i:
                 ours.append(res.metrics["seconds"])
                 calls.append(call)
@@ -95,7 +111,8 @@ async def main_async(a: argparse.Namespace) -> dict:
     padded = len(lengths) * max(lengths)
     o, b, f = statistics.median(ours), statistics.median(bare), statistics.median(full)
     return {
-        "model": a.model, "trajectories": len(lengths), "tokens_per_step": tokens,
+        "model": a.model, "threads": a.threads, "limit": "like-for-like", "trajectories": len(lengths),
+        "tokens_per_step": tokens,
         "trained_tokens_per_step": trained,
         "artsdk_seconds": o, "bare_seconds": b,
         # the whole train() call: the step plus writing the checkpoint and publishing the adapter

@@ -72,6 +72,7 @@ class VLLMOptions:
     data_parallel_size: int = 1
     sleep: Optional[bool] = None  # sleep during training steps; default: when it shares the trainer's GPU
     max_loras: int = 4  # adapters in one batch (steps served at once)
+    prefix_caching: bool = True  # vLLM reuses the keys and values of a prompt's start it computed before
     start_timeout: float = 900.0  # seconds to wait for it to come up
     args: list[str] = field(default_factory=list)  # more `vllm serve` arguments, as given
     log: Optional[str] = None  # its log file; default <home>/<project>/<model>/vllm.log
@@ -137,7 +138,8 @@ class VLLMEngine:
                 "--generation-config", "vllm",  # vLLM's neutral defaults, not the model's (top_k 20...)
                 "--tensor-parallel-size", str(options.tensor_parallel_size),
                 "--data-parallel-size", str(options.data_parallel_size),
-                "--disable-uvicorn-access-log"]
+                "--disable-uvicorn-access-log",
+                "--enable-prefix-caching" if options.prefix_caching else "--no-enable-prefix-caching"]
         if on_gpu:
             # sharing, the trainer's weights and optimizer state stay on the GPU beside vLLM's
             share = options.gpu_memory_utilization or (0.5 if shares_gpu else 0.9)
