@@ -84,6 +84,25 @@ def section_train(rs: list[dict]) -> list[str]:
     return out + [""]
 
 
+def section_multiturn(rs: list[dict]) -> list[str]:
+    out = ["## Multi-turn: an agent's later turns", "",
+           "`python -m bench.multiturn` (and `--engine vllm`): conversations of 5 turns, each adding about",
+           "300 tokens (a user turn of about 280, an answer of 20), through the server over HTTP, the",
+           "prefix cache off and on, one conversation at a time, threads pinned; each turn's median time",
+           "against turn 1's, and a whole conversation's. The answers are the same token for token with",
+           "the cache on and off (checked in the run). Target (built-in engine): turn 5 at most 1.5x turn 1.", "",
+           "| engine | prefix cache | turn medians | turn 5 / turn 1 | a conversation | threads |",
+           "|---|---|---|---|---|---|"]
+    for r in rs:
+        for label, key in (("off", "cache_off"), ("on", "cache_on")):
+            x = r[key]
+            out.append(f"| {r.get('engine', 'builtin')} ({r['model'].split('/')[-1]}) | {label} | "
+                       + ", ".join(f"{m:.2f}" for m in x["turn_medians_s"]) + " s | "
+                       f"{x['turn_ratios'][-1]:.2f} | {x['rollout_median_s']:.1f} s | {r['threads']} |")
+        out.append(f"| | | | | {r['speedup_whole_rollout']:.2f}x faster with the cache | |")
+    return out + [""]
+
+
 def section_inference(rs: list[dict]) -> list[str]:
     r = rs[0]
     out = ["## Inference", "",
@@ -359,6 +378,7 @@ SECTIONS = [
     (("store",), section_store),
     (("train_throughput_tiny", "train_throughput"), section_train),
     (("inference",), section_inference),
+    (("multiturn", "multiturn_vllm"), section_multiturn),
     (("engines",), section_engines),
     (("vs_trl", "vs_trl_long"), section_trl),
     (("remote_overhead_tiny", "remote_overhead"), section_remote),
