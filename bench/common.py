@@ -9,6 +9,16 @@ from typing import Any
 RESULTS = Path(__file__).parent / "results"
 
 
+def pin_threads(threads: int = 2) -> int:
+    """Pin torch's threads in this process (every benchmark does, and prints how many: a run
+    whose threads follow the machine measures the machine)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    print(f"threads: {torch.get_num_threads()} (torch)", flush=True)
+    return torch.get_num_threads()
+
+
 def save_result(name: str, data: dict[str, Any]) -> Path:
     """Write ``bench/results/<name>.json`` (read by ``python -m bench.report``)."""
     RESULTS.mkdir(exist_ok=True)

@@ -20,7 +20,7 @@ from typing import Any
 from openai import AsyncOpenAI
 
 import artsdk as art
-from bench.common import save_result
+from bench.common import pin_threads, save_result
 from examples.reviews import agent
 from examples.reviews.reviews import reviews
 
@@ -97,6 +97,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
+    pin_threads(a.threads)
     save_result("engines", asyncio.run(main_async(a)))
 
 

@@ -30,7 +30,7 @@ import time
 from typing import Any, Callable
 
 import artsdk as art
-from bench.common import RESULTS, save_result
+from bench.common import RESULTS, pin_threads, save_result
 from examples.reviews.agent import prompt, shaped
 from examples.reviews.reviews import reviews
 
@@ -211,7 +211,9 @@ def main() -> None:
     ap.add_argument("--scale-rewards", type=lambda s: s.lower() in ("1", "true", "yes"))
     ap.add_argument("--minibatches", type=int)
     ap.add_argument("--epochs", type=int)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads in this process (pinned)")
     a = ap.parse_args()
+    pin_threads(a.threads)
     settings = {k: v for k, v in (("learning_rate", a.learning_rate), ("loss", a.loss),
                                   ("scale_rewards", a.scale_rewards), ("minibatches", a.minibatches),
                                   ("epochs", a.epochs)) if v is not None}

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from bench.common import save_result
+from bench.common import pin_threads, save_result
 
 CONFIGS = [  # (tokens_per_row, max_batch, gradient_checkpointing)
     (256, 64, False), (512, 64, False), (1024, 64, False), (2048, 64, False), (512, 16, False),
@@ -76,7 +76,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
     ap.add_argument("--one", nargs=3, type=int, metavar=("TOKENS_PER_ROW", "MAX_BATCH", "CHECKPOINTING"))
+    ap.add_argument("--threads", type=int, default=2, help="torch threads in this process (pinned)")
     a = ap.parse_args()
+    pin_threads(a.threads)
     if a.one:
         print(json.dumps(asyncio.run(one(a.model, a.one[0], a.one[1], bool(a.one[2])))))
         return

@@ -26,7 +26,7 @@ import time
 from openai import AsyncOpenAI
 
 import artsdk as art
-from bench.common import save_result
+from bench.common import pin_threads, save_result
 from bench.train_throughput import make_groups
 
 PROMPT = [{"role": "user", "content": "Tell me about the sea."}]
@@ -143,7 +143,9 @@ def main() -> None:
     ap.add_argument("--concurrent", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads in this process (pinned)")
     a = ap.parse_args()
+    pin_threads(a.threads)
     out = asyncio.run(main_async(a))
     path = save_result("scale", out)
     print(f"wrote {path}")
