@@ -16,6 +16,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from .cassette import current_cassette
+from .current import current_recorder  # re-exported: defined below record.py, which reads it too
 from .record import failed_call
 
 if TYPE_CHECKING:
@@ -102,7 +103,6 @@ def _late(rec: Recorder, call: Optional[LLMCall], model: Any = None) -> None:
         (call.served_by or call.model), what, rec.rollout_id)
 
 
-current_recorder: ContextVar[Optional[Recorder]] = ContextVar("artsdk_recorder", default=None)
 # Set while a patched call runs, so a client that calls another patched client internally
 # (litellm -> openai) is recorded once, by the outer patch.
 inside_call: ContextVar[bool] = ContextVar("artsdk_inside_call", default=False)

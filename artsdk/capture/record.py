@@ -12,6 +12,7 @@ import re
 from typing import Any, Iterable, Optional
 
 from ..trajectory import Choice, LLMCall, as_message
+from .current import current_recorder
 
 # Request keys that are not sampling parameters (or cannot be stored as JSON).
 _NOT_PARAMS = frozenset(
@@ -47,8 +48,6 @@ def copied(messages: Any) -> list[dict[str, Any]]:
     the usual agent appends to its list). So recording a call costs about the same at the 50th
     turn as at the first, and a message changed in place (``msg["content"] = "[cut]"``) is
     copied anew."""
-    from .context import current_recorder  # here: context.py imports this module
-
     rec = current_recorder.get()
     messages = list(messages)
     if rec is None:
