@@ -196,6 +196,18 @@ class Session:
         self.trackers = list(trackers)  # where each step's metrics also go (see artsdk.trackers)
         self._gathers: dict[int, int] = {}  # step -> gathers made at it (each samples with seeds of its own)
 
+    def loop(self, agent: Any, scenarios: Any, **options: Any) -> AsyncIterator[TrainResult]:
+        """Gather and train at once: rollouts go on while earlier steps train, no trained token
+        more than ``max_policy_lag`` steps old (``artsdk/loop.py``); yields each step's result::
+
+            async for result in run.loop(play, games, group_size=8, rewards=[won], steps=20,
+                                         scenarios_per_step=8, max_policy_lag=1):
+                ...
+        """
+        from .loop import loop
+
+        return loop(self, agent, scenarios, **options)
+
     def next_gather(self) -> int:
         """Count a gather at the current step; its number among them (sampling seeds differ)."""
         n = self._gathers.get(self.step, 0)

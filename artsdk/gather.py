@@ -63,6 +63,14 @@ class Progress:
         self._draw(final=True)
 
 
+class Gathered(list):  # type: ignore[type-arg]
+    """The groups ``gather`` returns (a list), with what filling them took: ``drawn``
+    scenarios run, ``dropped`` groups left out for having no signal (stored all the same)."""
+
+    drawn: int = 0
+    dropped: int = 0
+
+
 def _as_call(scenario: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if isinstance(scenario, Args):
         return scenario.args, scenario.kwargs
@@ -80,7 +88,9 @@ async def gather(
     timeout: Optional[float] = None,
     progress: Optional[bool] = None,
     store: Any = None,
-) -> list[Any]:
+    signal_groups: Optional[int] = None,
+    max_scenarios: Optional[int] = None,
+) -> Gathered:
     """Run ``rollout`` ``group_size`` times on every scenario, at most ``concurrency`` at
     once; score each group with ``rewards`` (default: the rollout's own); store every
     trajectory; return one ``art.Group`` per scenario, in scenario order.
@@ -91,9 +101,17 @@ async def gather(
     - A group whose rewards are all equal has ``no_signal=True`` and is counted in the log.
     - A reward that raises or returns a non-number raises RewardError once everything has
       been stored.
+    - Dynamic sampling: with ``signal_groups=N``, scenarios are drawn from ``scenarios`` (an
+      iterable, endless or not) until N groups have signal (rewards that differ), at most
+      ``max_scenarios`` of them (4 N by default); only groups with signal are returned. The
+      result's ``drawn`` and ``dropped`` say what that took; every group is stored.
 
     ``store`` is an ``art.Store``, or ``False`` to keep nothing (tests, dry runs).
     """
+    if signal_groups is not None:
+        return await _with_signal(rollout, scenarios, signal_groups, max_scenarios, group_size=group_size,
+                                  rewards=rewards, concurrency=concurrency, retries=retries, timeout=timeout,
+                                  progress=progress, store=store)
     from .config import settings
     from .store import default_store
 
@@ -181,12 +199,39 @@ async def gather(
                 except StoreError:
                     pass
 
-    done = [g for g in groups if g is not None]
+    done = Gathered(g for g in groups if g is not None)
+    done.drawn = len(scenario_list)
     _report(rollout.name, done)
     if reward_errors:
         extra = f" (and {len(reward_errors) - 1} more)" if len(reward_errors) > 1 else ""
         raise RewardError(f"{reward_errors[0]}{extra}; the trajectories were stored unscored")
     return done
+
+
+async def _with_signal(rollout: Rollout[Any], scenarios: Iterable[Any], wanted: int, cap: Optional[int],
+                       **options: Any) -> Gathered:
+    """Gather rounds of scenarios drawn from ``scenarios`` until ``wanted`` groups have signal
+    (or ``cap`` scenarios were drawn, or there are no more): DAPO's dynamic sampling."""
+    if wanted < 1:
+        raise RolloutError(f"signal_groups must be at least 1, got {wanted}")
+    cap = 4 * wanted if cap is None else cap
+    if cap < wanted:
+        raise RolloutError(f"max_scenarios ({cap}) must be at least signal_groups ({wanted})")
+    source = iter(scenarios)
+    out = Gathered()
+    while len(out) < wanted and out.drawn < cap:
+        take = min(wanted - len(out), cap - out.drawn)
+        batch = [s for _, s in zip(range(take), source)]
+        if not batch:
+            break  # the scenarios ran out
+        got = await gather(rollout, batch, **options)
+        out.drawn += len(batch)
+        out.dropped += sum(1 for g in got if g.no_signal)
+        out.extend(g for g in got if not g.no_signal)
+    if len(out) < wanted:
+        log.warning("%s: %d of the %d groups with signal asked for, after drawing %d scenarios (%d dropped for "
+                    "having none)", rollout.name, len(out), wanted, out.drawn, out.dropped)
+    return out
 
 
 def _sample_seeds() -> Any:
