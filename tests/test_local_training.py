@@ -199,7 +199,8 @@ async def test_in_flight_request_keeps_its_adapter(tmp_path):
     assert served.pin() == 1  # a request still running on step 1
     await be.train(model, groups)
     assert served.step == 2 and 1 in served.serving
-    assert run(1) == at_step_1  # it keeps the adapter it started with
+    assert run(1) == pytest.approx(at_step_1, abs=1e-5)  # it keeps the adapter it started with (the prefix
+    # cache computes the prompt's start once: its logprobs match to float noise)
     assert run(2) != at_step_1  # new requests get the new one
     served.unpin(1)  # it finished: an old step no request pins is no longer served
     assert served.serving == {0, 2} and len(served.engine.free) == 1

@@ -136,3 +136,35 @@ async def test_dynamic_sampling_fills_a_step_with_groups_that_have_signal(art_st
     assert art_store.count() == 2 * (6 + 4)  # every group stored, those dropped too
     with pytest.raises(art.RolloutError, match="max_scenarios"):
         await art.gather(agent, [1], signal_groups=3, max_scenarios=2)
+
+
+async def test_requests_are_answered_between_a_steps_rows_and_the_step_is_unchanged(tmp_path, art_store):
+    """A generation batch that waits while a step trains runs between the step's rows (the
+    engine lends it the model), answered by the adapter it asked for; the step trains exactly
+    what it trains alone."""
+    import time
+
+    from backends.local.engine import Request
+    from tests.test_trust_region import batch
+
+    weights, answered = [], []
+    for busy in (False, True):
+        be, model = await backend(tmp_path, f"lend{busy}", epochs=60)
+        await be.register(model)
+        served = be.models["m"]
+        groups = batch(served, groups=2, size=4)
+        prompt = served.chat.prompt_ids([{"role": "user", "content": "hi"}])
+        step = asyncio.ensure_future(be.train(model, groups))
+        if busy:
+            await asyncio.sleep(0.5)
+            t0 = time.monotonic()
+            outs = [await asyncio.wrap_future(served.submit(Request(prompt=prompt, max_tokens=4, temperature=0)))
+                    for _ in range(3)]
+            answered = [time.monotonic() - t0, step.done()]
+            assert all(o[0].token_ids for o in outs)
+        result = await step
+        assert result.trained and result.step == 1
+        weights.append(adapter(be))
+        await be.close()
+    assert answered[1] is False  # the three answers came while the step was still training
+    assert torch.equal(weights[0], weights[1])  # and the step is what it is without them

@@ -113,7 +113,8 @@ async def test_request_arriving_during_a_step_keeps_its_adapter(tmp_path, monkey
     await asyncio.sleep(0.2)
     release.set()
     result = await training
-    assert served.pins.get(1) == 8 and 1 in served.serving  # held by the requests: still served
+    if engine == "builtin":  # held by the requests (vLLM, answering while the step trains, may be done already)
+        assert served.pins.get(1) == 8 and 1 in served.serving  # still served
     go.set()
     answers = await asyncio.gather(*asking)  # failed with KeyError: 1 when step 1's adapter was retired under them
     assert result.step == 2

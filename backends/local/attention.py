@@ -54,6 +54,24 @@ def _register() -> None:
         AttentionInterface.register(NAME, _packed_sdpa)
 
 
+# id(model) -> the configs packed_attention switched, with the implementation each had before
+_SWITCHED: dict[int, list[tuple[Any, str]]] = {}
+
+
+@contextmanager
+def plain_attention(model: Any) -> Iterator[None]:
+    """Inside ``packed_attention``: the model's own attention back for the block (a generation
+    batch answered between training rows needs its masks)."""
+    switched = _SWITCHED.get(id(model), [])
+    for config, before in switched:
+        config._attn_implementation = before
+    try:
+        yield
+    finally:
+        for config, _ in switched:
+            config._attn_implementation = NAME
+
+
 @contextmanager
 def packed_attention(model: Any) -> Iterator[None]:
     """Run ``model`` with segment-by-segment attention inside the block (not thread-safe:
@@ -62,10 +80,12 @@ def packed_attention(model: Any) -> Iterator[None]:
     configs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")
                and hasattr(m.config, "_attn_implementation")}
     before = {k: c._attn_implementation for k, c in configs.items()}
+    _SWITCHED[id(model)] = [(c, before[k]) for k, c in configs.items()]
     try:
         for c in configs.values():
             c._attn_implementation = NAME
         yield
     finally:
+        _SWITCHED.pop(id(model), None)
         for k, c in configs.items():
             c._attn_implementation = before[k]

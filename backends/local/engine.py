@@ -102,6 +102,7 @@ class Engine:
         self.max_batch = max_batch
         self.merger = merger  # merges the served adapter into the weights (see merge.py)
         self.lock = threading.RLock()
+        self.wanting = threading.Event()  # a generation batch waits for ``lock`` (a training step may lend it)
         self.slots: dict[int, str] = {}  # step -> serving adapter
         self.free: list[str] = []  # serving adapters no step uses any more
         self._slots_lock = threading.Lock()
@@ -156,6 +157,20 @@ class Engine:
 
     def adapter_for(self, step: int) -> Optional[str]:
         return None if step == 0 else self.slots[step]
+
+    def lend(self) -> None:
+        """From a training step holding ``lock``, between its rows: if a generation batch waits,
+        let it run now; returns once the lock is back (the caller puts back what training
+        needs: ``ServedModel._lend``). So rollouts go on while a step trains, a batch at a time."""
+        if not self.wanting.is_set():
+            return
+        state = self.lock._release_save()  # type: ignore[attr-defined] - every level of the RLock
+        try:
+            deadline = time.monotonic() + 1.0
+            while self.wanting.is_set() and time.monotonic() < deadline:
+                time.sleep(0.0005)  # until the engine thread has the lock
+        finally:
+            self.lock._acquire_restore(state)  # type: ignore[attr-defined] - once its batch is done
 
     @contextmanager
     def training(self) -> Iterator[None]:
@@ -234,7 +249,9 @@ class Engine:
                 if r.seed is not None:
                     g = torch.Generator(device="cpu").manual_seed((r.seed + i) % 2**63)
                 seqs.append(Seq(r, i, generator=g))
+        self.wanting.set()
         with self.lock:
+            self.wanting.clear()
             self._decode(seqs, step)
         for r in reqs:
             settle(r.future, [s.out for s in seqs if s.req is r])

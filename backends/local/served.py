@@ -160,7 +160,7 @@ class ServedModel:
                 self.model.set_adapter("policy")
                 metrics = self._abandoned_if_closed(lambda s: train_step(
                     self.model, self.optimizer, groups, cfg, self.tokenizing(), device=self.device,
-                    reference=self.model.disable_adapter, stop=s), stop)
+                    reference=self.model.disable_adapter, stop=s, between=self._lend), stop)
             if not metrics["tokens_trained"]:
                 return self.step, metrics, None
             return self._commit_step(metrics)
@@ -177,8 +177,31 @@ class ServedModel:
             with self.engine.training():
                 self.model.set_adapter("policy")
                 metrics = self._abandoned_if_closed(lambda s: sft_step(
-                    self.model, self.optimizer, trajectories, cfg, self.tokenizing(), device=self.device, stop=s), stop)
+                    self.model, self.optimizer, trajectories, cfg, self.tokenizing(), device=self.device, stop=s,
+                    between=self._lend), stop)
             return self._commit_step(metrics)
+
+    def _lend(self) -> None:
+        """Between a step's rows: a generation batch that waits runs now, on the adapters it
+        asked for (the policy adapter training updates is not one of them), then training goes
+        on as it was -- so rollouts never stall for a whole step (``run.loop``)."""
+        engine = self.engine
+        wanting = getattr(engine, "wanting", None)
+        if wanting is None or not wanting.is_set():
+            return
+        from .attention import plain_attention
+
+        was_training = self.model.training
+        with plain_attention(self.model):
+            self.model.eval()
+            try:
+                engine.lend()
+            finally:
+                if engine.merger is not None:
+                    engine.merger.restore()
+                self.model.set_adapter("policy")
+                if was_training:
+                    self.model.train()
 
     def _abandoned_if_closed(self, step: Callable[[Any], dict[str, float]],
                              stop: Optional[threading.Event]) -> dict[str, float]:

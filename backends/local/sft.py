@@ -14,7 +14,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -85,7 +85,7 @@ def as_examples(trajectories: Sequence[Trajectory], policy: str) -> list[Traject
 
 def sft_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequence[Trajectory], cfg: SFTConfig,
              tk: Tokenizing, device: str, stop: Optional[threading.Event] = None,
-             shard: Shard = ALONE) -> dict[str, float]:
+             shard: Shard = ALONE, between: Optional[Callable[[], None]] = None) -> dict[str, float]:
     """Supervised updates on ``trajectories`` (``cfg.epochs`` passes, ``cfg.batch_size`` of them
     per optimizer step); returns the metrics. Whole or absent, as a GRPO step; over several
     ranks as a GRPO step (shard.py)."""
@@ -119,7 +119,7 @@ def sft_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequenc
                     optimizer.zero_grad(set_to_none=True)
                     loss_sum = 0.0
                     for row in shard.mine(batch):
-                        _check(stop)
+                        _check(stop, between)
                         if len(row.keep) == 0:
                             continue
                         loss = -(row.logprobs(model) * row.weight).sum()

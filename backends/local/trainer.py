@@ -212,13 +212,15 @@ class _Snapshot:
 
 def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Group], cfg: TrainConfig,
                tk: Tokenizing, device: str, reference: Optional[Callable[[], Any]] = None,
-               stop: Optional[threading.Event] = None, shard: Shard = ALONE) -> dict[str, float]:
+               stop: Optional[threading.Event] = None, shard: Shard = ALONE,
+               between: Optional[Callable[[], None]] = None) -> dict[str, float]:
     """One training step on ``groups`` (``cfg.minibatches`` x ``cfg.epochs`` optimizer steps);
     returns its metrics. Bad input raises TrajectoryError, a non-finite loss, gradient or
     weight TrainingError, and ``stop`` set (Ctrl-C) StepInterrupted at the next row: each
     with the weights and the optimizer as they were before the step. With a ``shard`` of
     several ranks, each rank trains its share of the rows and the sums are over all of them
-    (shard.py): every rank makes the same step."""
+    (shard.py): every rank makes the same step. ``between`` is called between rows (the local
+    backend answers a waiting generation batch there)."""
     t0 = time.perf_counter()
     eps_lo, eps_hi = cfg.clip_range()
     norm = LOSSES[cfg.loss][2]
@@ -295,7 +297,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
             if old_pass:  # the old policy: the weights as they are before the first update
                 with torch.no_grad():
                     for row in (r for b in mine for r in b):
-                        _check(stop)
+                        _check(stop, between)
                         row.old = row.logprobs(model)
             gap_stats = _traj_stats([r for b in mine for r in b], spans, lambda r: r.old - r.sampler,
                                     shard) if spans else {}
@@ -308,7 +310,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
                         batch, spans, lambda r: r.logprobs(model) - r.old, shard).items()} if spans else {}
                     figures = dict.fromkeys(("loss", "clipped", "ratio", "tokens", "kl"), 0.0)
                     for row in batch:
-                        _check(stop)
+                        _check(stop, between)
                         _row_loss(model, row, cfg, eps_lo, eps_hi, reference, figures, sums if epoch == 0 else None,
                                   ratio_means, gap_stats)
                     _check(stop)
@@ -356,7 +358,9 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
     return metrics
 
 
-def _check(stop: Optional[threading.Event]) -> None:
+def _check(stop: Optional[threading.Event], between: Optional[Callable[[], None]] = None) -> None:
+    if between is not None:
+        between()
     if stop is not None and stop.is_set():
         raise StepInterrupted()
 
