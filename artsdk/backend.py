@@ -223,10 +223,13 @@ class Session:
         await anyio.to_thread.run_sync(lambda: default_store().record_run(
             self.model.project, self.model.name, self.run_id, self.model.base_model, meta))
 
-    async def train(self, groups: Sequence[Group], **config: Any) -> TrainResult:
+    async def train(self, groups: Sequence[Group], *, extra_metrics: Optional[dict[str, float]] = None,
+                    **config: Any) -> TrainResult:
         """One training step on ``groups``. Groups with no signal (all rewards equal) carry
         nothing to learn from: the result counts them. When no group has anything to learn
-        from, nothing moves: ``result.trained`` is False and ``result.reason`` says why."""
+        from, nothing moves: ``result.trained`` is False and ``result.reason`` says why.
+        ``extra_metrics`` are recorded with the step's own (``run.loop`` adds its ``loop/``
+        figures so)."""
         from .store import default_store
 
         groups = list(groups)
@@ -241,6 +244,7 @@ class Session:
             with anyio.CancelScope(shield=True):  # a step the backend committed as it was stopped is recorded too
                 await self._catch_up()
             raise
+        result.metrics.update(extra_metrics or {})
         self.history.append(result)
         if not result.trained:
             log.warning("%s: nothing was trained, the model stays at step %d: %s", self.model.name,

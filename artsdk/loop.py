@@ -96,12 +96,12 @@ async def loop(run: "Session", agent: "Rollout[Any]", scenarios: Iterable[Any], 
             idle = time.monotonic() - t0
             if item is None:
                 break
-            result = await _train(run, item.groups, max_policy_lag)
+            figures = {"loop/sampler_idle_s": item.waited, "loop/trainer_idle_s": idle,
+                       "loop/queue_depth": float(depth), "loop/gathered_at_step": float(item.at_step),
+                       "loop/scenarios_drawn": float(item.drawn), "loop/groups_dropped": float(item.dropped),
+                       "loop/max_policy_lag": float(max_policy_lag)}
+            result = await _train(run, item.groups, max_policy_lag, figures)  # recorded with the step (trackers too)
             done += 1
-            result.metrics.update({
-                "loop/sampler_idle_s": item.waited, "loop/trainer_idle_s": idle, "loop/queue_depth": float(depth),
-                "loop/gathered_at_step": float(item.at_step), "loop/scenarios_drawn": float(item.drawn),
-                "loop/groups_dropped": float(item.dropped), "loop/max_policy_lag": float(max_policy_lag)})
             async with trained:
                 trained.notify_all()
             yield result
@@ -115,12 +115,12 @@ async def loop(run: "Session", agent: "Rollout[Any]", scenarios: Iterable[Any], 
                 pass
 
 
-async def _train(run: "Session", groups: list[Any], max_policy_lag: int) -> "TrainResult":
+async def _train(run: "Session", groups: list[Any], max_policy_lag: int, figures: dict[str, float]) -> "TrainResult":
     """A step on ``groups``, tokens older than the lag bound trained as context; a step the
     backend refuses for its data (nothing moved) comes back as not trained, with why."""
     from .backend import TrainResult
 
     try:
-        return await run.train(groups, max_policy_lag=max_policy_lag)
+        return await run.train(groups, max_policy_lag=max_policy_lag, extra_metrics=figures)
     except (TrajectoryError, TrainingError) as e:  # refused before any weight moved
-        return TrainResult(step=run.step, trained=False, reason=f"{type(e).__name__}: {e}")
+        return TrainResult(step=run.step, trained=False, reason=f"{type(e).__name__}: {e}", metrics=figures)

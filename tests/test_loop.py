@@ -93,6 +93,8 @@ async def test_the_lag_bound_holds_against_a_slow_trainer_and_a_slow_agent(tmp_p
     for r in results:  # every trained token at most one step old, by the trainer's count and by the loop's
         assert r.metrics["policy_lag_max"] <= 1 and r.metrics["tokens_over_lag"] == 0
         assert (r.step - 1) - r.metrics["loop/gathered_at_step"] <= 1
+    recorded = art_store.steps("loop", "m")  # the loop's figures are the step's, in the store (and trackers)
+    assert [s["metrics"]["loop/max_policy_lag"] for s in recorded] == [1.0] * 5
     if slow == "trainer":  # the next batch was gathered while a step trained: it was waiting when the step began
         assert max(r.metrics["loop/queue_depth"] for r in results[1:]) >= 1
         assert any(r.metrics["policy_lag_max"] == 1 for r in results)
@@ -168,3 +170,25 @@ async def test_requests_are_answered_between_a_steps_rows_and_the_step_is_unchan
         await be.close()
     assert answered[1] is False  # the three answers came while the step was still training
     assert torch.equal(weights[0], weights[1])  # and the step is what it is without them
+
+
+async def test_the_loop_runs_the_same_on_the_remote_backend(tmp_path, art_store):
+    from backends.remote import RemoteBackend
+    from tests.serve_process import KEY, Serve, free_port
+
+    srv = Serve(tmp_path, free_port()).start()
+    client = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused", max_retries=0)
+    try:
+        be = RemoteBackend(srv.url, api_key=KEY)
+        model = art.TrainableModel("m", base_model="tiny", project="loop", config={"train": {"epochs": 20}})
+        async with art.session(model, backend=be) as run:
+            results = [r async for r in run.loop(make_agent(client, delay=0.2), scenarios(12), group_size=2,
+                                                 rewards=[first_token], steps=3, scenarios_per_step=3,
+                                                 max_policy_lag=1)]
+        await be.close()
+    finally:
+        srv.stop()
+        await client.close()
+    assert [r.step for r in results] == [1, 2, 3] and all(r.trained for r in results)
+    assert all(r.metrics["policy_lag_max"] <= 1 and (r.step - 1) - r.metrics["loop/gathered_at_step"] <= 1
+               for r in results)
