@@ -41,13 +41,15 @@ def load_config(path: Path, argv: Sequence[str] | None) -> dict[str, Any]:
     ap.add_argument("--resume", action="store_true", default=None,
                     help="finish the model's last run from its last checkpoint (default: a new run from the base "
                          "model, earlier checkpoints moved aside)")
+    ap.add_argument("--max-policy-lag", type=int, help="gather the next steps' rollouts while a step trains "
+                                                        "(run.loop), no trained token more than this many steps old")
     ap.add_argument("--control", choices=["sft"], help="instead of GRPO, train each step supervised on the "
                                                        "scripted answers to the same scenarios (what GRPO adds is "
                                                        "measured against this), where the example has them")
     a = ap.parse_args(argv)
     cfg = tomllib.loads(a.config.read_text())
     for key in ("steps", "base_model", "group_size", "scenarios_per_step", "eval_games", "eval_every", "warmup", "out",
-                "resume", "seed", "control"):
+                "resume", "seed", "control", "max_policy_lag"):
         if getattr(a, key) is not None:
             cfg[key] = getattr(a, key)
     return cfg
@@ -149,7 +151,10 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
             await run.remember(warmup_steps=1, eval_warmup=mean, solved_warmup=rate, each_warmup=per["warmup"])
         start = run.step
         target = cfg["steps"] + run.meta.get("warmup_steps", 0)  # GRPO steps, after any warm-up
-        for i in range(max(target - start, 0)):  # --resume finishes the run's steps, no more
+        lag = cfg.get("max_policy_lag")  # set: gathering goes on while steps train (run.loop)
+        if lag is not None and not control and target > start:
+            history += await pipelined(run, cfg, rollout, rewards, make_scenarios, held_out, target - start, lag)
+        for i in range(max(target - start, 0) if lag is None or control else 0):  # --resume finishes the run's steps
             drawn = streams.training(make_scenarios, cfg["scenarios_per_step"], cfg.get("seed", 0), start + i, cfg,
                                      held_out)  # never a held-out scenario, whatever the seed
             if control:  # the control: the same scenarios, trained on their scripted answers
@@ -169,13 +174,8 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
             mean = sum(t.reward for g in groups for t in g.scored) / max(1, sum(len(g.scored) for g in groups))
             label = run.step + 1
             result = await run.train(groups)
-            m = result.metrics
-            history.append({"step": result.step, "reward": mean, **m})
-            print(f"step {label}: reward {mean:.3f}  loss {m.get('loss', 0):+.4f}  "
-                  f"groups trained {result.groups_trained} skipped {result.groups_skipped}  "
-                  f"tokens {int(m.get('tokens_trained', 0))}  {m.get('seconds', 0):.1f}s"
-                  + ("" if result.trained else f"  (nothing to learn from: no weight moved, the model stays at step "
-                                               f"{result.step})"), flush=True)
+            history.append({"step": result.step, "reward": mean, **result.metrics})
+            print_step(label, mean, result)
             every = cfg.get("eval_every", 0)
             if every and (i + 1) % every == 0 and i + 1 < target - start:  # the held-out curve, on the way
                 mean, rate, _ = await evaluate(rollout, held_out, rewards, success, eval_t)
@@ -198,6 +198,43 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
     return {"before": before, "after": after, "solved_before": rate_before, "solved_after": rate_after, **warm,
             "eval_scenarios": len(held_out), "history": history, "evals": evals, "run": run_id,
             "each": {k: v for k, v in per.items() if v is not None}, "control": control}
+
+
+def print_step(label: int, mean: float, result: Any, extra: str = "") -> None:
+    m = result.metrics
+    print(f"step {label}: reward {mean:.3f}  loss {m.get('loss', 0):+.4f}  "
+          f"groups trained {result.groups_trained} skipped {result.groups_skipped}  "
+          f"tokens {int(m.get('tokens_trained', 0))}  {m.get('seconds', 0):.1f}s{extra}"
+          + ("" if result.trained else f"  (nothing to learn from: no weight moved, the model stays at step "
+                                       f"{result.step})"), flush=True)
+
+
+async def pipelined(run: Any, cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
+                    make_scenarios: Callable[[int, int, dict[str, Any]], list[Any]], held_out: list[Any],
+                    steps: int, lag: int) -> list[dict[str, Any]]:
+    """The config's GRPO steps through ``run.loop``: the next step's rollouts are gathered while
+    a step trains, no trained token more than ``lag`` steps old. The same scenarios as the
+    sequential loop's, step for step (no evaluation on the way: only before and after)."""
+    start = run.step
+
+    def scenarios() -> Any:
+        for i in range(steps):
+            yield from at_temperature(rollout, streams.training(make_scenarios, cfg["scenarios_per_step"],
+                                                                cfg.get("seed", 0), start + i, cfg, held_out),
+                                      cfg.get("temperature"))
+
+    print(f"steps {start + 1}-{start + steps}: gathering {cfg['scenarios_per_step']} x {cfg['group_size']} rollouts "
+          f"a step while the steps before train (max_policy_lag {lag})...", flush=True)
+    history = []
+    label = start
+    async for result in run.loop(rollout, scenarios(), group_size=cfg["group_size"], rewards=rewards, steps=steps,
+                                 scenarios_per_step=cfg["scenarios_per_step"], max_policy_lag=lag):
+        label += 1
+        mean = result.metrics.get("reward_mean", float("nan"))
+        history.append({"step": result.step, "reward": mean, **result.metrics})
+        print_step(label, mean, result, f"  policy lag {result.metrics.get('policy_lag_max', 0):.0f}  trainer idle "
+                                        f"{result.metrics.get('loop/trainer_idle_s', 0):.1f}s")
+    return history
 
 
 def where_next(model: art.TrainableModel, step: int) -> None:

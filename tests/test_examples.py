@@ -292,6 +292,39 @@ async def test_a_control_run_trains_the_scripted_answers_to_the_same_scenarios(n
     await client.close()
 
 
+async def test_an_example_trains_pipelined_on_the_sequential_runs_scenarios(art_store, tmp_path, monkeypatch):
+    """--max-policy-lag 1: the next step's rollouts gathered while a step trains (run.loop), on
+    the very scenarios the sequential loop would draw for each step."""
+    import importlib
+
+    from openai import AsyncOpenAI
+
+    from examples import streams
+    from examples.runner import load_config, train
+
+    agent_module = importlib.import_module("examples.reviews.agent")
+    client = AsyncOpenAI(base_url="http://127.0.0.1:1/v1", api_key="unused")
+    monkeypatch.setattr(agent_module, "client", client)
+    example = importlib.import_module("examples.reviews.train").EXAMPLE
+
+    @art.reward(weight=1e-6)
+    def first_token(t: art.Trajectory) -> float:
+        return float(t.calls[0].choices[0].token_ids[0])
+
+    cfg = load_config(example.config, ["--steps", "3", "--base-model", "tiny", "--eval-games", "2",
+                                       "--scenarios-per-step", "2", "--group-size", "2", "--max-policy-lag", "1"])
+    art.configure(backend_options={"device": "cpu", "home": str(tmp_path / "home")})
+    result = await train(cfg, example.rollout, [*example.rewards, first_token], example.make_scenarios)
+    assert [h["step"] for h in result["history"]] == [1, 2, 3]
+    assert all(h["loop/max_policy_lag"] == 1.0 and h["policy_lag_max"] <= 1 for h in result["history"])
+    trained_on = {t.scenario["review"]["text"] for t in art_store.trajectories(project=cfg["project"])
+                  if t.step is not None and t.group_id is not None and len(t.calls)}
+    held = streams.held_out(example.make_scenarios, cfg)
+    drawn = {r.text for step in range(3) for r in streams.training(example.make_scenarios, 2, 0, step, cfg, held)}
+    assert drawn <= trained_on
+    await client.close()
+
+
 def test_paired_gains_and_expected_values():
     from bench.stats import expected, fmt_gain, mean_se, paired
 
