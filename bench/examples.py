@@ -169,7 +169,7 @@ def plot(name: str, data: dict[str, Any], path: Path) -> None:
 
 
 def _settings(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in cfg.items() if k not in ("seed", "out", "resume", "control")}
+    return {k: v for k, v in cfg.items() if k not in ("seed", "out", "resume", "control", "max_policy_lag")}
 
 
 def run(name: str, seeds: list[int], options: list[str], url: str | None, model: str | None, key: str) -> None:
@@ -183,9 +183,10 @@ def run(name: str, seeds: list[int], options: list[str], url: str | None, model:
                             "baselines": old.get("baselines", {}), "machine": f"{os.cpu_count()} CPU cores, "
                             f"{platform.machine()}"}
     control = cfg.get("control")
-    where = "controls" if control else "runs"  # a control's runs are kept beside the GRPO runs
-    data.update({k: old[k] for k in ("runs", "controls", "config", "command", "control_command", "budget_seconds",
-                                     "note") if k in old})
+    # a control's runs, and pipelined runs (run.loop), are kept beside the sequential GRPO runs
+    where = "controls" if control else "pipelined" if cfg.get("max_policy_lag") is not None else "runs"
+    data.update({k: old[k] for k in ("runs", "controls", "pipelined", "config", "command", "control_command",
+                                     "pipelined_command", "budget_seconds", "note") if k in old})
     kept = [r for r in old.get(where, []) if r["seed"] not in seeds]
     runs: list[dict[str, Any]] = []
     for seed in seeds:  # saved after each seed: a benchmark cut short keeps the seeds it finished
@@ -194,8 +195,8 @@ def run(name: str, seeds: list[int], options: list[str], url: str | None, model:
         data[where] = sorted([r for r in kept if same(r)] + runs, key=lambda r: r["seed"])
         command = f"python -m bench.examples {name} --seeds {' '.join(str(r['seed']) for r in data[where])}" \
                   + "".join(f" {o}" for o in options)
-        if control:
-            data["control_command"] = command
+        if where != "runs":
+            data[{"controls": "control_command", "pipelined": "pipelined_command"}[where]] = command
         else:
             data["config"], data["command"] = runs[0]["config"], command
             data["budget_seconds"] = max(r["seconds"] for r in data["runs"])

@@ -134,6 +134,12 @@ def example_section(key: str, r: Optional[dict]) -> list[str]:
     out.append(f"| **trained** ({'warm-up + ' if cfg.get('warmup') else ''}{grpo} GRPO steps) | "
                + " | ".join(f"**{_cell(x, 'after', 'after')}**" for x in runs)
                + f" | {_pct([x.get('solved_after') for x in runs])} |")
+    piped = {p["seed"]: p for p in r.get("pipelined", [])}
+    if piped:
+        lag = next(iter(piped.values()))["config"].get("max_policy_lag")
+        out.append(f"| trained pipelined (`run.loop`, max_policy_lag {lag}) | "
+                   + " | ".join(_cell(piped[s], "after", "after") if s in piped else "-" for s in seeds)
+                   + f" | {_pct([piped[s].get('solved_after') for s in seeds if s in piped])} |")
     out += ["", "Baselines on the same scenarios and rewards (a random one as its expected value):", "",
             "| baseline | mean reward | solved |", "|---|---|---|"]
     for label, b in r.get("baselines", {}).items():
@@ -146,6 +152,10 @@ def example_section(key: str, r: Optional[dict]) -> list[str]:
                   + " |",
                   "| GRPO after the warm-up (trained − after it) | "
                   + " | ".join(_gain(x, "warmup", "after") for x in runs) + " |"]
+    if piped:
+        gains.append("| pipelined − sequential (the same steps, gathered while training) | "
+                     + " | ".join(_gain(x, "after", "after", piped[x["seed"]]) if x["seed"] in piped else "-"
+                                  for x in runs) + " |")
     if controls:
         gains.append("| **GRPO over its control** (trained − control) | "
                      + " | ".join(f"**{_gain(controls[x['seed']], 'after', 'after', x)}**" if x["seed"] in controls
@@ -159,6 +169,7 @@ def example_section(key: str, r: Optional[dict]) -> list[str]:
     out += ["", f"![{title}: reward by step](img/example_{key}.png)", "",
             f"Reproduce, in the clone: `.venv/bin/{r['command']}`"
             + (f" and `.venv/bin/{r['control_command']}`" if r.get("control_command") else "")
+            + (f" and `.venv/bin/{r['pipelined_command']}`" if r.get("pipelined_command") else "")
             + f". Each seed is `{_seed_command(key, runs[0]['command'])}`, which the benchmark runs in an empty "
               "folder of its own (its own store and checkpoints).", "",
             "On a GPU (a recipe, not yet run here): in the example's config.toml,", "", "```toml", gpu, "```", ""]
