@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .capture.context import Route, routes
 from .conversations import Examples
-from .errors import BackendError, RolloutError
+from .errors import BackendError, RolloutError, first_error
 from .trajectory import Group, Trajectory
 
 log = logging.getLogger("artsdk")
@@ -239,7 +239,8 @@ class Session:
         if bad:
             raise RolloutError(f"train() takes art.Group objects, got {type(bad[0]).__name__}")
         try:
-            result = await self.backend.train(self.model, groups, **config)
+            result = await self._showing_progress(f"step {self.step + 1} of {self.model.name}",
+                                                  self.backend.train(self.model, groups, **config))
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):  # a step the backend committed as it was stopped is recorded too
                 await self._catch_up()
@@ -272,7 +273,8 @@ class Session:
         if not examples:
             raise RolloutError("train_sft() got no examples: give trajectories, groups, conversations or a JSONL file")
         try:
-            result = await self.backend.train_sft(self.model, examples, **config)
+            result = await self._showing_progress(f"step {self.step + 1} of {self.model.name} (supervised)",
+                                                  self.backend.train_sft(self.model, examples, **config))
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await self._catch_up()
@@ -285,6 +287,32 @@ class Session:
         for tracker in self.trackers:
             await anyio.to_thread.run_sync(tracker.log, self.model, result.step, result.metrics)
         return result
+
+    async def _showing_progress(self, label: str, work: Any) -> Any:
+        """Await ``work`` (a training step) with its progress shown: the rows done, their rate and
+        the time left where the backend says (``Backend.progress``), else the time it takes."""
+        from .progress import Progress
+
+        poll = getattr(self.backend, "progress", None)
+        bar = Progress(label, unit="row")
+
+        async def watch() -> None:
+            while True:
+                await anyio.sleep(0.5)
+                rows = poll(self.model) if poll is not None else None
+                bar.set(rows[0], total=rows[1]) if rows else bar.set(bar.n)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                try:
+                    return await work
+                finally:
+                    tg.cancel_scope.cancel()
+        except BaseExceptionGroup as eg:  # the step's own error, not the group's wrapping of it
+            raise first_error(eg) from None
+        finally:
+            bar.close()
 
     async def _catch_up(self) -> None:
         """Record a step the backend has but the store does not (one cut short by Ctrl-C

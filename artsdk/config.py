@@ -45,7 +45,8 @@ class Settings(BaseModel):
     api_key: Optional[str] = Field(None, description="API key for the backend server.")
     backend_options: dict[str, Any] = Field(default_factory=dict)
     concurrency: int = Field(32, ge=1, description="Default number of rollouts run at once.")
-    progress: Optional[bool] = Field(None, description="Progress bar; default: when stderr is a tty.")
+    progress: Optional[bool] = Field(None, description="Progress of gathers and training steps: a bar on a "
+                                                       "terminal, a line every 30 s otherwise (default); false: quiet.")
     record_calls: bool = Field(False, description="Store trajectories of plain (not .collect) calls.")
     strict_capture: bool = Field(False, description="Refuse an LLM call that would escape capture (CaptureError).")
     trackers: list[str] = Field(default_factory=list, description="Where training metrics go: tensorboard, wandb, mlflow.")

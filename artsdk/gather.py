@@ -3,64 +3,18 @@
 from __future__ import annotations
 
 import logging
-import sys
-import time
 from typing import Any, Iterable, Optional, Sequence
 
 import anyio
 
 from .capture.sentinel import ESCAPED
+from .progress import Progress
 from .errors import RewardError, RolloutError, StoreError, first_error
 from .rewards import RewardLike, score
 from .rollout import Args, Rollout
 from .trajectory import Group, new_id
 
 log = logging.getLogger("artsdk")
-
-
-class Progress:
-    """A one-line progress bar on stderr (only on a terminal unless forced)."""
-
-    def __init__(self, total: int, label: str, enabled: Optional[bool]) -> None:
-        self.total = total
-        self.label = label
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
-        self.done = self.errors = 0
-        self.reward_sum = 0.0
-        self.scored = 0
-        self.t0 = time.monotonic()
-        self._last = 0.0
-
-    def update(self, *, error: bool) -> None:
-        self.done += 1
-        self.errors += error
-        self._draw()
-
-    def add_rewards(self, rewards: Sequence[float]) -> None:
-        self.reward_sum += sum(rewards)
-        self.scored += len(rewards)
-        self._draw()
-
-    def _draw(self, final: bool = False) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if not final and now - self._last < 0.1 and self.done < self.total:
-            return
-        self._last = now
-        width = 24
-        filled = int(width * self.done / max(self.total, 1))
-        bar = "█" * filled + "·" * (width - filled)
-        mean = f" reward {self.reward_sum / self.scored:.3f}" if self.scored else ""
-        errs = f" errors {self.errors}" if self.errors else ""
-        rate = self.done / max(now - self.t0, 1e-9)
-        sys.stderr.write(f"\r{self.label} {bar} {self.done}/{self.total}{mean}{errs} {rate:.1f}/s ")
-        if final:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        self._draw(final=True)
 
 
 class Gathered(list):  # type: ignore[type-arg]
@@ -128,7 +82,8 @@ async def gather(
     limit = concurrency or cfg.concurrency
     slots = anyio.Semaphore(limit)
     threads = anyio.CapacityLimiter(limit)
-    bar = Progress(len(scenario_list) * group_size, rollout.name, progress if progress is not None else cfg.progress)
+    bar = Progress(f"gather {rollout.name}", total=len(scenario_list) * group_size, unit="rollout", enabled=progress)
+    errors, rewards_seen = 0, []
     groups: list[Optional[Group]] = [None] * len(scenario_list)
     reward_errors: list[RewardError] = []
     pending_writes: list[Any] = []
@@ -140,6 +95,7 @@ async def gather(
     seeds = _sample_seeds()
 
     async def one(group: Group, g: int, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        nonlocal errors
         for attempt in range(retries + 1):
             async with slots:
                 traj = await rollout.run(args, kwargs, timeout=timeout, limiter=threads, interrupted=keep_interrupted,
@@ -150,7 +106,8 @@ async def gather(
             if db is not None:  # failed attempts are kept too
                 pending_writes.append(db.submit(traj))
         group.trajectories[index] = traj
-        bar.update(error=traj.error is not None)
+        errors += traj.error is not None
+        bar.update(1, errors=errors or None)
 
     async def run_group(i: int, scenario: Any) -> None:
         args, kwargs = _as_call(scenario)
@@ -172,7 +129,9 @@ async def gather(
             reward_errors.append(e)
             for t in group.trajectories:
                 t.warnings.append(str(e))
-        bar.add_rewards(group.rewards)
+        rewards_seen.extend(group.rewards)
+        if rewards_seen:
+            bar.update(0, reward=sum(rewards_seen) / len(rewards_seen))
         if db is not None:
             try:
                 await db.asave(group.trajectories, groups=[group])
@@ -254,6 +213,15 @@ def _sample_seeds() -> Any:
     return seed
 
 
+def _inside_tool_call(message: Any) -> bool:
+    """An answer cut at max_tokens inside a tool call: its markup opened and not closed, or a
+    tool call the server had begun (a prose answer cut short is not one)."""
+    if not isinstance(message, dict):
+        return False
+    text = message.get("content") if isinstance(message.get("content"), str) else ""
+    return bool(message.get("tool_calls")) or text.rfind("<tool_call>") > text.rfind("</tool_call>")
+
+
 def _report(name: str, groups: list[Group]) -> None:
     trajs = [t for g in groups for t in g.trajectories]
     silent = sum(1 for t in trajs if not t.calls and t.error is None)
@@ -267,7 +235,7 @@ def _report(name: str, groups: list[Group]) -> None:
                     "trajectories are partial. Set strict_capture = true to make that an error.",
                     name, escaped, len(trajs))
     with_tools = [c for t in trajs for c in t.agent_calls if c.tools and c.choices]
-    cut = sum(1 for c in with_tools if c.choices[0].finish_reason == "length")
+    cut = sum(1 for c in with_tools if c.choices[0].finish_reason == "length" and _inside_tool_call(c.choices[0].message))
     if cut:  # a tool call cut short is not parsed as one: the agent saw prose, silently
         log.warning("%s: %d of %d answers offered tools were cut at max_tokens (a tool call cut short is not "
                     "parsed as a call); raise max_tokens if the answers need the room", name, cut, len(with_tools))

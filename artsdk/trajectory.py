@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import uuid
 from datetime import datetime, timezone
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,6 +19,8 @@ Message = dict[str, Any]
 """One chat message in OpenAI format: ``{"role": ..., "content": ..., "tool_calls": ...}``."""
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+T = TypeVar("T")
 
 
 def new_id() -> str:
@@ -199,6 +201,31 @@ class Trajectory(BaseModel):
     def ok(self) -> bool:
         """True when the agent code finished without raising."""
         return self.error is None
+
+    def scenario_as(self, cls: type[T], name: Optional[str] = None) -> T:
+        """The rollout's argument ``name`` (or its only one) as a ``cls``, whether the trajectory
+        is the one a gather just made (the live object it was called with) or one read from the
+        store (its JSON: a dict). For rewards that run on both::
+
+            def correct(t):
+                review = t.scenario_as(Review)     # a dataclass, a pydantic model, an int...
+                return float(t.outcome == review.label)
+        """
+        value: Any = self.scenario
+        if isinstance(value, dict) and (name is not None or len(value) == 1):
+            key = name if name is not None else next(iter(value))
+            if key not in value:
+                raise TrajectoryError(f"trajectory {self.id}: its scenario has no argument {name!r} "
+                                      f"(it has {sorted(value)})")
+            value = value[key]
+        if isinstance(value, cls):
+            return value
+        validate = getattr(cls, "model_validate", None)
+        if validate is not None:  # a pydantic model
+            return validate(value)
+        if isinstance(value, dict):  # a dataclass, or any class built from keyword arguments
+            return cls(**value)  # type: ignore[call-arg]
+        return cls(value)  # type: ignore[call-arg]
 
     @property
     def agent_calls(self) -> list[LLMCall]:

@@ -107,3 +107,38 @@ def test_testing_helper_builds_calls_and_validates_messages():
         trajectory("hello")
     with pytest.raises(art.TrajectoryError, match=r"messages\[0\] is a tool message without"):
         trajectory([{"role": "tool", "content": "r"}])
+
+
+async def test_a_reward_reads_the_same_scenario_in_memory_and_from_the_store(tmp_path):
+    """A gather's trajectories hold the objects the rollout was called with; the store gives
+    their JSON back: ``scenario_as`` turns either into the user's type."""
+    from dataclasses import dataclass
+
+    from pydantic import BaseModel
+
+    @dataclass
+    class Review:
+        text: str
+        label: str
+
+    class Board(BaseModel):
+        cells: list[int]
+
+    @art.rollout
+    def label(review: Review, board: Board) -> str:
+        return "positive"
+
+    @art.reward
+    def correct(t: art.Trajectory) -> float:
+        return float(t.outcome == t.scenario_as(Review, "review").label) + sum(t.scenario_as(Board, "board").cells)
+
+    store = art.Store(tmp_path / "s.db")
+    (group,) = await art.gather(label, [art.Args(Review("great food", "positive"), Board(cells=[1, 2]))],
+                                rewards=[correct], store=store)
+    (live,) = group.trajectories
+    (back,) = store.trajectories()
+    assert isinstance(live.scenario["review"], Review) and isinstance(back.scenario["review"], dict)
+    assert correct(live) == correct(back) == 4.0  # it failed on the stored one: a dict has no .label
+    with pytest.raises(art.TrajectoryError, match="no argument 'film'"):
+        back.scenario_as(Review, "film")
+    store.close()

@@ -174,3 +174,23 @@ async def test_record_calls_setting_stores_plain_calls(client, art_store):
     assert await agent() == 5
     store.flush()
     assert store.count() == 1 and store.trajectories()[0].outcome == 5
+
+
+def test_the_cut_tool_call_warning_is_only_for_answers_cut_inside_a_tool_call(caplog):
+    from artsdk.gather import _report
+    from artsdk.testing import trajectory
+
+    tools = [{"type": "function", "function": {"name": "search"}}]
+
+    def cut(answer):
+        t = trajectory([{"role": "user", "content": "q"}, {"role": "assistant", "content": answer}])
+        t.calls[0].tools = tools
+        t.calls[0].choices[0].finish_reason = "length"
+        return t
+
+    prose = art.Group(trajectories=[cut("The answer is a long sentence that ran out of room before")])
+    _report("agent", [prose])
+    assert "cut at max_tokens" not in caplog.text  # it was said of prose before
+    inside = art.Group(trajectories=[cut('Let me look. <tool_call>{"name": "sear')])
+    _report("agent", [prose, inside])
+    assert "1 of 2 answers offered tools were cut at max_tokens" in caplog.text

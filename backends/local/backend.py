@@ -193,6 +193,11 @@ class LocalBackend:
         served = self.models.get(model.name)
         return served.step if served is not None else 0
 
+    def progress(self, model: TrainableModel) -> Optional[tuple[int, int]]:
+        """(rows done, rows) of the step ``model`` is training now; None when it trains none."""
+        served = self.models.get(model.name)
+        return served.training_progress if served is not None else None
+
     async def endpoint_calls(self, rollout_id: str) -> list[Any]:
         """The calls this backend's server answered for the rollout ``rollout_id``, in the order
         they arrived (taken: the rollout counts as ended; a later call is logged as late)."""

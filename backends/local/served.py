@@ -68,6 +68,7 @@ class ServedModel:
         # set by close(): a step in flight stops at its next row, or is not committed, so a model
         # deleted while it trains never writes into the folder of one registered after it
         self._closing = threading.Event()
+        self.training_progress: Optional[tuple[int, int]] = None  # (rows done, rows) of the step training now
         if latest is not None:
             state = self.checkpoints.load(latest, self.model, self.optimizer)
             self.step = int(state["step"])
@@ -160,7 +161,9 @@ class ServedModel:
                 self.model.set_adapter("policy")
                 metrics = self._abandoned_if_closed(lambda s: train_step(
                     self.model, self.optimizer, groups, cfg, self.tokenizing(), device=self.device,
-                    reference=self.model.disable_adapter, stop=s, between=self._lend), stop)
+                    reference=self.model.disable_adapter, stop=s, between=self._lend,
+                    progress=self._progress), stop)
+            self.training_progress = None
             if not metrics["tokens_trained"]:
                 return self.step, metrics, None
             return self._commit_step(metrics)
@@ -178,8 +181,12 @@ class ServedModel:
                 self.model.set_adapter("policy")
                 metrics = self._abandoned_if_closed(lambda s: sft_step(
                     self.model, self.optimizer, trajectories, cfg, self.tokenizing(), device=self.device, stop=s,
-                    between=self._lend), stop)
+                    between=self._lend, progress=self._progress), stop)
+            self.training_progress = None
             return self._commit_step(metrics)
+
+    def _progress(self, done: int, total: int) -> None:
+        self.training_progress = (done, total)
 
     def _lend(self) -> None:
         """Between a step's rows: a generation batch that waits runs now, on the adapters it

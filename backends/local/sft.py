@@ -24,7 +24,7 @@ from artsdk.trajectory import Trajectory
 from .attention import packed_attention
 from .batch import Segment, Tokenizing, minibatches, pack, segments, weigh
 from .shard import ALONE, Shard
-from .trainer import Row, _check, _release_memory, _Snapshot
+from .trainer import Row, _check, _counting, _release_memory, _Snapshot
 
 
 @dataclass
@@ -85,7 +85,8 @@ def as_examples(trajectories: Sequence[Trajectory], policy: str) -> list[Traject
 
 def sft_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequence[Trajectory], cfg: SFTConfig,
              tk: Tokenizing, device: str, stop: Optional[threading.Event] = None,
-             shard: Shard = ALONE, between: Optional[Callable[[], None]] = None) -> dict[str, float]:
+             shard: Shard = ALONE, between: Optional[Callable[[], None]] = None,
+             progress: Optional[Callable[[int, int], None]] = None) -> dict[str, float]:
     """Supervised updates on ``trajectories`` (``cfg.epochs`` passes, ``cfg.batch_size`` of them
     per optimizer step); returns the metrics. Whole or absent, as a GRPO step; over several
     ranks as a GRPO step (shard.py)."""
@@ -112,6 +113,7 @@ def sft_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequenc
     losses, norms, tokens = [], [], 0.0
     if cfg.gradient_checkpointing:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    between = _counting(between, progress, cfg.epochs * sum(len(shard.mine(b)) for b in batches))
     try:
         with packed_attention(model):
             for epoch in range(cfg.epochs):

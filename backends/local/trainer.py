@@ -213,14 +213,15 @@ class _Snapshot:
 def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Group], cfg: TrainConfig,
                tk: Tokenizing, device: str, reference: Optional[Callable[[], Any]] = None,
                stop: Optional[threading.Event] = None, shard: Shard = ALONE,
-               between: Optional[Callable[[], None]] = None) -> dict[str, float]:
+               between: Optional[Callable[[], None]] = None,
+               progress: Optional[Callable[[int, int], None]] = None) -> dict[str, float]:
     """One training step on ``groups`` (``cfg.minibatches`` x ``cfg.epochs`` optimizer steps);
     returns its metrics. Bad input raises TrajectoryError, a non-finite loss, gradient or
     weight TrainingError, and ``stop`` set (Ctrl-C) StepInterrupted at the next row: each
     with the weights and the optimizer as they were before the step. With a ``shard`` of
     several ranks, each rank trains its share of the rows and the sums are over all of them
     (shard.py): every rank makes the same step. ``between`` is called between rows (the local
-    backend answers a waiting generation batch there)."""
+    backend answers a waiting generation batch there), ``progress(rows done, rows)`` too."""
     t0 = time.perf_counter()
     eps_lo, eps_hi = cfg.clip_range()
     norm = LOSSES[cfg.loss][2]
@@ -292,6 +293,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
                           "is_truncated", "grad_norm"), 0.0)
     if cfg.gradient_checkpointing:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    between = _counting(between, progress, (int(old_pass) + cfg.epochs) * sum(len(b) for b in mine))
     try:
         with packed_attention(model):
             if old_pass:  # the old policy: the weights as they are before the first update
@@ -356,6 +358,23 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
         is_truncated=sums["is_truncated"] / trained, seconds=time.perf_counter() - t0,
     )
     return metrics
+
+
+def _counting(between: Optional[Callable[[], None]], progress: Optional[Callable[[int, int], None]],
+              total: int) -> Optional[Callable[[], None]]:
+    """``between``, also telling ``progress`` how many of ``total`` rows are done."""
+    if progress is None:
+        return between
+    done = 0
+
+    def tick() -> None:
+        nonlocal done
+        progress(done, total)
+        done += 1
+        if between is not None:
+            between()
+
+    return tick
 
 
 def _check(stop: Optional[threading.Event], between: Optional[Callable[[], None]] = None) -> None:
