@@ -196,6 +196,17 @@ class Session:
         self.trackers = list(trackers)  # where each step's metrics also go (see artsdk.trackers)
         self._gathers: dict[int, int] = {}  # step -> gathers made at it (each samples with seeds of its own)
 
+    async def evaluate(self, agent: Any, scenarios: Any, **options: Any) -> Any:
+        """How the model at the current step does on held-out scenarios: a gather that trains
+        nothing, stored as an evaluation and filed with the step (``artsdk/evaluate.py``)::
+
+            result = await run.evaluate(play, held_out, rewards=[won], temperature=0.0)
+            print(result.reward, "±", result.reward_se, result.parts)
+        """
+        from .evaluate import evaluate
+
+        return await evaluate(self, agent, scenarios, **options)
+
     def loop(self, agent: Any, scenarios: Any, **options: Any) -> AsyncIterator[TrainResult]:
         """Gather and train at once: rollouts go on while earlier steps train, no trained token
         more than ``max_policy_lag`` steps old (``artsdk/loop.py``); yields each step's result::
@@ -250,6 +261,11 @@ class Session:
         if not result.trained:
             log.warning("%s: nothing was trained, the model stays at step %d: %s", self.model.name,
                         result.step, result.reason)
+            with anyio.CancelScope(shield=True):  # filed with the step it stayed at: the viewer lists it
+                untrained = sum(1 for r in self.history if not r.trained and r.step == result.step)
+                await anyio.to_thread.run_sync(lambda: default_store().add_step_metrics(
+                    self.model.project, self.model.name, result.step,
+                    {"untrained_batches": float(untrained), "untrained_reason": result.reason}, self.run_id))
             return result
         self.step = result.step
         with anyio.CancelScope(shield=True):  # once the backend has the step, the store gets it too
@@ -279,6 +295,7 @@ class Session:
             with anyio.CancelScope(shield=True):
                 await self._catch_up()
             raise
+        result.metrics["sft"] = 1.0  # a supervised step: the viewer marks it and draws its loss apart
         self.history.append(result)
         self.step = result.step
         with anyio.CancelScope(shield=True):

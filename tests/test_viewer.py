@@ -23,17 +23,17 @@ ARTIFACTS = Path(os.environ.get("ARTSDK_TEST_ARTIFACTS", ROOT / ".artifacts")) /
 STEPS = 3
 
 
-def tool_agent(client):
+def tool_agent(client, name="viewer"):
     """The tiny model answers; the agent then runs its search tool and asks again with the
     result (a tool call and its result in the conversation, as agents do)."""
     @art.rollout
     async def researcher(q: int) -> str:
         messages = [{"role": "user", "content": f"find item {q}"}]
-        first = await client.chat.completions.create(model="viewer", messages=messages, max_tokens=6)
+        first = await client.chat.completions.create(model=name, messages=messages, max_tokens=6)
         call = {"id": f"call_{q}", "type": "function", "function": {"name": "search", "arguments": json.dumps({"q": q})}}
         messages += [{"role": "assistant", "content": first.choices[0].message.content, "tool_calls": [call]},
                      {"role": "tool", "tool_call_id": f"call_{q}", "content": f"item {q} is on shelf {q % 3}"}]
-        second = await client.chat.completions.create(model="viewer", messages=messages, max_tokens=6)
+        second = await client.chat.completions.create(model=name, messages=messages, max_tokens=6)
         return second.choices[0].message.content or ""
 
     return researcher
@@ -235,7 +235,7 @@ def test_the_page_shows_curve_groups_chat_compare_and_filters(viewer, browser):
     wait_for(browser, "#projects a")
     browser.save_screenshot(str(ARTIFACTS / "projects.png"))
     browser.find_element(By.LINK_TEXT, "viewer").click()
-    points = wait_for(browser, "[data-chart=reward] circle.pt", count=STEPS + 1)  # one point per step
+    points = wait_for(browser, "[data-chart=reward] g.main circle.pt", count=STEPS + 1)  # one point per step
     wait_for(browser, "[data-chart=loss] circle.pt", count=STEPS)
     browser.save_screenshot(str(ARTIFACTS / "curve.png"))
     points[1].click()  # step 1: its groups
@@ -440,7 +440,7 @@ def test_two_runs_of_a_model_are_told_apart(tmp_path, browser):
         assert httpx.get(url + "/api/trajectories", params={"run": "first"}).json()["total"] == 9
         assert httpx.get(url + "/api/projects").json()[0]["models"][0]["runs"] == 2
         browser.get(f"{url}/#/model?project=p&model=m")
-        wait_for(browser, "[data-chart=reward] circle.pt", count=3)
+        wait_for(browser, "[data-chart=reward] g.main circle.pt", count=3)
         menu = Select(browser.find_element(By.ID, "run"))
         assert [o.get_attribute("value") for o in menu.options] == ["second", "first"]
         menu.select_by_value("first")
@@ -451,7 +451,113 @@ def test_two_runs_of_a_model_are_told_apart(tmp_path, browser):
         assert "run=first" in browser.current_url
         wait_for(browser, "#steps tr", count=4)
         assert "0.110" in browser.find_element(By.ID, "steps").text  # the first run's rewards
+        flat = browser.find_element(By.CSS_SELECTOR, "[data-chart=loss].flat")  # a line with no scale before
+        assert "0.100 at every step" in flat.text and not flat.find_elements(By.TAG_NAME, "svg")
         browser.save_screenshot(str(ARTIFACTS / "runs.png"))
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+# -- what was learned: evaluations, reward parts, the warm-up, batches that trained nothing --
+
+@art.reward
+def brevity(t: art.Trajectory) -> float:
+    return 1.0 / (1 + len(t.outcome or ""))
+
+
+@art.reward
+def tied(t: art.Trajectory) -> float:
+    return 0.5
+
+
+@pytest.fixture(scope="module")
+def learned(tmp_path_factory):
+    """A real run on the tiny model: an evaluation at step 0, a warm-up, an evaluation, two
+    GRPO steps on a reward of two named parts each followed by an evaluation, then a batch in
+    which every group ties (nothing to learn from); its store."""
+    import anyio
+    from openai import AsyncOpenAI
+
+    from backends.local import LocalBackend
+
+    home = tmp_path_factory.mktemp("learned")
+    conversation = {"messages": [{"role": "user", "content": "find item 1"}, {"role": "assistant", "content": "shelf 1"}]}
+
+    async def go():
+        art.configure(home=str(home), store=str(home / "store.db"), progress=False)
+        client = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused")
+        agent = tool_agent(client, "learner")
+        be = LocalBackend(device="cpu")
+        async with art.session(art.TrainableModel("learner", base_model="tiny", project="lab"), backend=be) as run:
+            evaluations = [await run.evaluate(agent, range(10, 14), rewards=[first_token, brevity], name="held-out")]
+            await run.train_sft([conversation] * 2, epochs=1)
+            evaluations.append(await run.evaluate(agent, range(10, 14), rewards=[first_token, brevity], name="held-out"))
+            for _ in range(2):
+                groups = await art.gather(agent, range(3), group_size=3, rewards=[first_token, brevity])
+                assert (await run.train(groups)).trained
+                evaluations.append(await run.evaluate(agent, range(10, 14), rewards=[first_token, brevity],
+                                                      name="held-out"))
+            flat = await art.gather(agent, range(2), group_size=2, rewards=[tied])
+            assert not (await run.train(flat)).trained
+        await be.close()
+        await client.close()
+        return evaluations
+
+    evaluations = anyio.run(go)
+    yield home, evaluations
+    art.configure(home=None, store=None, progress=None)
+
+
+def test_the_api_files_evaluations_parts_warmup_and_untrained_batches(learned):
+    home, evaluations = learned
+    assert [e.step for e in evaluations] == [0, 1, 2, 3] and all(e.scenarios == 4 for e in evaluations)
+    server, thread, url = serve_viewer(home / "store.db")
+    try:
+        data = httpx.get(url + "/api/curve", params={"project": "lab", "model": "learner"}).json()
+        # the training groups alone: no point at step 0 (only evaluated there), 9 + 9 + 4 rollouts
+        assert [(q["step"], q["n"]) for q in data["points"]] == [(1, 9), (2, 9), (3, 4)]
+        assert {q["name"] for q in data["parts"]} == {"first_token", "brevity", "tied"}
+        by_step = {m["step"]: m for m in data["metrics"]}
+        assert [by_step[s]["eval/held-out/reward"] for s in range(4)] == pytest.approx([e.reward for e in evaluations])
+        assert by_step[2]["eval/held-out/part/brevity"] == pytest.approx(evaluations[2].parts["brevity"])
+        assert by_step[1]["sft"] == 1.0 and "loss" in by_step[1] and "sft" not in by_step[2]
+        assert by_step[3]["untrained_batches"] == 1 and "equal rewards" in by_step[3]["untrained_reason"]
+        assert "loss" in by_step[3]  # the step's own training figures kept beside them
+        groups = httpx.get(url + "/api/groups", params={"project": "lab", "model": "learner", "step": 2}).json()
+        assert groups["total"] == 3  # the step's evaluation is not a group
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_the_model_page_shows_what_was_learned(learned, browser):
+    from selenium.webdriver.common.by import By
+
+    home, evaluations = learned
+    server, thread, url = serve_viewer(home / "store.db")
+    try:
+        browser.get(f"{url}/#/model?project=lab&model=learner")
+        wait_for(browser, "[data-chart=eval-held-out] g.main circle.pt", count=4)  # steps 0-3
+        assert "4 scenarios" in browser.find_element(By.CSS_SELECTOR, "[data-chart=eval-held-out] h3").text
+        chart = browser.find_element(By.CSS_SELECTOR, "[data-chart=reward]")
+        legend = [label.text for label in chart.find_elements(By.CSS_SELECTOR, ".legend label")]
+        assert legend[0] == "total" and {"first_token", "brevity"} <= set(legend)
+        part = chart.find_element(By.CSS_SELECTOR, 'g.series[data-line="brevity"]')
+        assert not part.is_displayed()  # the total by default
+        chart.find_element(By.CSS_SELECTOR, '.legend label[data-line="brevity"] input').click()
+        assert part.is_displayed() and len(part.find_elements(By.CSS_SELECTOR, "circle.pt")) == 2  # steps 1 and 2
+        assert chart.find_elements(By.CSS_SELECTOR, 'rect.warmup[data-step="1"]')  # the warm-up, marked
+        sft_loss = browser.find_element(By.CSS_SELECTOR, "[data-chart=sft_loss]").text  # its loss apart
+        assert "warm-up" in sft_loss and "at step 1" in sft_loss
+        wait_for(browser, "[data-chart=loss] g.main circle.pt", count=2)  # the GRPO steps' loss
+        untrained = browser.find_element(By.ID, "untrained").text
+        assert "equal rewards" in untrained and "3" in untrained
+        steps = {row.find_element(By.TAG_NAME, "td").text: row.text for row in browser.find_elements(By.CSS_SELECTOR, "#steps tr")[1:]}
+        assert "warm-up" in steps["1"] and "trained nothing" in steps["3"] and "warm-up" not in steps["2"]
+        browser.save_screenshot(str(ARTIFACTS / "learned.png"))
+        time.sleep(5.5)  # the page redraws while a run goes on: a line the reader showed stays shown
+        assert browser.find_element(By.CSS_SELECTOR, '[data-chart=reward] g.series[data-line="brevity"]').is_displayed()
     finally:
         server.should_exit = True
         thread.join(10)

@@ -21,7 +21,7 @@ from .query import latest_run, load, load_checkpoints, load_groups, load_runs, l
 from .rows import Rows, dumps
 from .unsaved import Recovery, recover
 from .writer import Job, Writer
-from .writing import submission, upsert, write
+from .writing import merge_metrics, submission, upsert, write
 
 _open_stores: "weakref.WeakSet[Store]" = weakref.WeakSet()
 
@@ -115,6 +115,12 @@ class Store:
         if checkpoint is not None:
             self._upsert(T.CheckpointRow, {"project": project, "model": model, "run": run, "step": step},
                          {"path": checkpoint, "metrics": dumps(metrics), "created_at": now})
+
+    def add_step_metrics(self, project: str, model: str, step: int, metrics: dict[str, Any], run: str = "") -> None:
+        """Add ``metrics`` to a step's recorded ones (an evaluation of the model at that step, a
+        batch that trained nothing), keeping those it has."""
+        self._writer.submit(Job(merge_metrics({"project": project, "model": model, "run": run, "step": step}, metrics),
+                                f"metrics of step {step}")).result()
 
     def record_run(self, project: str, model: str, run: str, base_model: str = "",
                    meta: Optional[dict[str, Any]] = None) -> None:

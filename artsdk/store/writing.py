@@ -124,6 +124,25 @@ def upsert(table: Any, key: dict[str, Any], values: dict[str, Any]) -> Callable[
     return run
 
 
+def merge_metrics(key: dict[str, Any], metrics: dict[str, Any]) -> Callable[[sa.Connection], None]:
+    """A write that adds ``metrics`` to the step row with ``key`` (made if there is none), keeping
+    what it holds: an evaluation or a batch that trained nothing, filed with its step."""
+    from .rows import dumps, loads
+
+    t = T.StepRow.__table__
+
+    def run(conn: sa.Connection) -> None:
+        cond = sa.and_(*(t.c[k] == v for k, v in key.items()))
+        row = conn.execute(sa.select(t.c.metrics).where(cond)).first()
+        if row is None:
+            conn.execute(sa.insert(t), [{**key, "metrics": dumps(metrics), "created_at": time.time()}])
+        else:
+            conn.execute(sa.update(t).where(cond).values(metrics=dumps({**(loads(row[0]) or {}), **metrics})))
+        ensure_project(conn, key["project"])
+
+    return run
+
+
 def ensure_project(conn: sa.Connection, name: str) -> None:
     t = T.ProjectRow.__table__
     if conn.execute(sa.select(t.c.name).where(t.c.name == name)).first() is None:

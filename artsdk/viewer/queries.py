@@ -16,6 +16,8 @@ from ..store import tables as T
 from ..store.rows import dumps
 
 PAGE = 50
+# how an evaluation's trajectories are told apart (run.evaluate marks them): its metadata as stored
+EVALUATION = '%"evaluation":%'
 _traj = T.TrajectoryRow.__table__
 _groups = T.GroupRow.__table__
 _steps = T.StepRow.__table__
@@ -73,16 +75,22 @@ class Views:
                 for r in self.store.runs(project=project, model=model)]
 
     def curve(self, project: str, model: str, run: Optional[str] = None) -> dict[str, Any]:
-        """Per step of one run (default: the newest): the rewards' count, mean, spread, range
-        and failures; and the training metrics the step recorded."""
+        """Per step of one run (default: the newest): the training groups' rewards -- count,
+        mean, spread, range, failures -- and each named reward part's mean; and the metrics the
+        step recorded (its training's, its evaluations' ``eval/...``, a batch that trained
+        nothing). Evaluations' trajectories (``metadata["evaluation"]``) are not in the training curve."""
         run = self.store.latest_run(project, model) if run is None else run
         r = _traj.c.reward
+        trained = [_traj.c.project == project, _traj.c.model == model, _traj.c.step.is_not(None),
+                   sa.not_(_traj.c.meta.like(EVALUATION)), *([] if run is None else [_in_run(_traj.c.run, run)])]
         q = (sa.select(_traj.c.step, sa.func.count().label("n"), sa.func.avg(r).label("mean"),
                        sa.func.avg(r * r).label("mean_sq"), sa.func.min(r).label("min"), sa.func.max(r).label("max"),
                        sa.func.sum(sa.case((_traj.c.error_type.is_not(None), 1), else_=0)).label("errors"))
-             .where(_traj.c.project == project, _traj.c.model == model, _traj.c.step.is_not(None),
-                    *([] if run is None else [_in_run(_traj.c.run, run)]))
-             .group_by(_traj.c.step).order_by(_traj.c.step))
+             .where(*trained).group_by(_traj.c.step).order_by(_traj.c.step))
+        parts = self._rows(sa.select(_traj.c.step, _rewards.c.name, sa.func.avg(_rewards.c.value).label("mean"))
+                           .select_from(_rewards.join(_traj, _traj.c.id == _rewards.c.trajectory_id))
+                           .where(*trained).group_by(_traj.c.step, _rewards.c.name)
+                           .order_by(_rewards.c.name, _traj.c.step))
         points = []
         for p in self._rows(q):
             mean = p.pop("mean_sq")
@@ -94,7 +102,7 @@ class Views:
                                               _steps.c.run == (run or ""))
                                        .order_by(_steps.c.step))]
         return {"project": project, "model": model, "run": run, "runs": self.runs(project, model),
-                "points": points, "metrics": metrics}
+                "points": points, "parts": parts, "metrics": metrics}
 
     # -- groups ---------------------------------------------------------------------------
 

@@ -66,31 +66,98 @@ async function projects() {
     : el("p", { class: "muted" }, "The store is empty: run some rollouts first."));
 }
 
-// -- a model: the reward curve and the training metrics -----------------------------------
+// -- a model: what was learned -------------------------------------------------------------
+// Charts of lines over steps. The first line is the main one (a band: its spread); `more` adds
+// named lines (reward parts, an evaluation's figures) shown or hidden from the legend;
+// `marks` shades steps (the warm-up's). A metric that is 0 at every step is said so, not drawn.
+const PALETTE = ["#3b6fd9", "#d9822b", "#2a9d6f", "#b5459b", "#8a6d3b", "#5c6bc0", "#c0392b"];
+const hiddenLines = new Set();  // "chart/line" the reader hid; kept while the page refreshes
+
 function lineChart(title, points, opts = {}) {
   const W = 320, H = 170, L = 36, R = 8, T = 10, B = 22;
-  const xs = points.map(p => p.x), ys = points.flatMap(p => [p.y, p.lo ?? p.y, p.hi ?? p.y]).filter(v => v !== null && !Number.isNaN(v));
-  const box = el("div", { class: "chart card", "data-chart": opts.id || title }, el("h3", {}, title));
-  if (!points.length || !ys.length) { box.append(el("p", { class: "muted" }, "no data yet")); return box; }
+  const id = opts.id || title;
+  const lines = [{ name: opts.name || title, points, main: true }, ...(opts.more || [])]
+    .map((s, i) => ({ ...s, color: PALETTE[i % PALETTE.length], key: `${id}/${s.name}` }));
+  const all = lines.flatMap(s => s.points);
+  const xs = all.map(p => p.x).concat(opts.marks || []);
+  const ys = all.flatMap(p => [p.y, p.lo ?? p.y, p.hi ?? p.y]).filter(v => v !== null && v !== undefined && !Number.isNaN(v));
+  const box = el("div", { class: "chart card", "data-chart": id }, el("h3", {}, title));
+  if (!all.length || !ys.length) { box.append(el("p", { class: "muted" }, opts.empty || "no data yet")); return box; }
   const x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = Math.min(...ys), y1 = Math.max(...ys);
   const sx = x => L + (x1 === x0 ? (W - L - R) / 2 : (x - x0) / (x1 - x0) * (W - L - R));
   const sy = y => T + (y1 === y0 ? (H - T - B) / 2 : (1 - (y - y0) / (y1 - y0)) * (H - T - B));
-  const g = svg("svg", { viewBox: `0 0 ${W} ${H}` },
-    svg("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }), svg("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }),
+  const g = svg("svg", { viewBox: `0 0 ${W} ${H}` });
+  const half = x1 === x0 ? 10 : Math.min(Math.max((W - L - R) / (x1 - x0) / 2, 3), 10);
+  for (const m of opts.marks || []) {  // a warm-up step: shaded behind the lines, inside the axes
+    const left = Math.max(L, sx(m) - half), right = Math.min(W - R, sx(m) + half);
+    g.append(svg("rect", { class: "warmup", x: left, y: T, width: right - left, height: H - T - B, "data-step": m },
+      svg("title", {}, `step ${m}: made by the supervised warm-up`)));
+  }
+  g.append(svg("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }), svg("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }),
     svg("text", { x: 2, y: T + 8 }, fmt(y1, 2)), svg("text", { x: 2, y: H - B }, fmt(y0, 2)),
     svg("text", { x: L, y: H - 6 }, "step " + x0), svg("text", { x: W - R - 40, y: H - 6 }, "step " + x1));
-  if (points.some(p => p.lo !== undefined)) {
-    const up = points.map(p => `${sx(p.x)},${sy(p.hi)}`), down = points.slice().reverse().map(p => `${sx(p.x)},${sy(p.lo)}`);
-    g.append(svg("polygon", { class: "band", points: up.concat(down).join(" ") }));
-  }
-  g.append(svg("polyline", { class: "line", points: points.map(p => `${sx(p.x)},${sy(p.y)}`).join(" ") }));
-  for (const p of points) {
-    const c = svg("circle", { class: "pt", cx: sx(p.x), cy: sy(p.y), r: 3.5, "data-step": p.x }, svg("title", {}, `step ${p.x}: ${fmt(p.y)}`));
-    if (opts.onclick) c.addEventListener("click", () => opts.onclick(p));
-    g.append(c);
+  for (const s of lines.slice().reverse()) {  // the main line on top
+    const shown = s.main ? !hiddenLines.has(s.key) : (s.shown ?? true) !== hiddenLines.has(s.key);
+    const grp = svg("g", { class: "series" + (s.main ? " main" : ""), "data-line": s.name, style: `color: ${s.color}`, ...(shown ? {} : { display: "none" }) });
+    if (s.main && s.points.some(p => p.lo !== undefined)) {
+      const up = s.points.map(p => `${sx(p.x)},${sy(p.hi)}`), down = s.points.slice().reverse().map(p => `${sx(p.x)},${sy(p.lo)}`);
+      grp.append(svg("polygon", { class: "band", points: up.concat(down).join(" ") }));
+    }
+    grp.append(svg("polyline", { class: "line", points: s.points.map(p => `${sx(p.x)},${sy(p.y)}`).join(" ") }));
+    for (const p of s.points) {
+      const c = svg("circle", { class: "pt", cx: sx(p.x), cy: sy(p.y), r: s.main ? 3.5 : 2.5, "data-step": p.x },
+        svg("title", {}, `step ${p.x}: ${s.name} ${fmt(p.y)}` + (p.lo !== undefined ? ` (${fmt(p.lo)} to ${fmt(p.hi)})` : "")));
+      if (opts.onclick) c.addEventListener("click", () => opts.onclick(p));
+      grp.append(c);
+    }
+    g.append(grp);
   }
   box.append(g);
+  if (lines.length > 1 || (opts.marks || []).length) {  // lines to show or hide, and what the shading means
+    const legend = el("div", { class: "legend" }, lines.length < 2 ? null : lines.map(s => el("label", { "data-line": s.name },
+      el("input", { type: "checkbox", ...((s.main ? !hiddenLines.has(s.key) : (s.shown ?? true) !== hiddenLines.has(s.key)) ? { checked: "" } : {}),
+        onchange: e => {
+          const wanted = e.target.checked, byDefault = s.main || (s.shown ?? true);
+          if (wanted === byDefault) hiddenLines.delete(s.key); else hiddenLines.add(s.key);
+          const grp = g.querySelector(`g.series[data-line="${CSS.escape(s.name)}"]`);
+          if (wanted) grp.removeAttribute("display"); else grp.setAttribute("display", "none");
+        } }),
+      el("span", { class: "swatch", style: `background: ${s.color}` }), s.name)),
+      (opts.marks || []).length ? el("span", { class: "muted" }, el("span", { class: "swatch warmup" }), "warm-up") : null);
+    box.append(legend);
+  }
   return box;
+}
+
+// a step's metric as a chart; one with a single value (one step, or the same at every step)
+// said in words: a flat line has no scale to read
+const exact = x => (x !== 0 && Math.abs(x) < 1e-3) ? Number(x).toExponential(2) : fmt(x);
+function metricChart(rows, name, title, marks, id = name) {
+  const pts = rows.filter(m => typeof m[name] === "number").map(m => ({ x: m.step, y: m[name] }));
+  if (pts.length && pts.every(q => q.y === pts[0].y))
+    return el("div", { class: "chart card flat", "data-chart": id }, el("h3", {}, title),
+      el("p", { class: "flatvalue" }, pts.length > 1 ? `${exact(pts[0].y)} at every step` : `${exact(pts[0].y)} at step ${pts[0].x}`),
+      el("p", { class: "muted" }, pts.length > 1 ? `steps ${pts[0].x}–${pts[pts.length - 1].x}` : "one step so far"));
+  return lineChart(title, pts, { id, marks });
+}
+
+// evaluations' figures, filed with the step as eval/<name>/<figure>: one chart per evaluation
+function evaluationCharts(metrics, marks) {
+  const names = [...new Set(metrics.flatMap(m => Object.keys(m)).map(k => (/^eval\/(.+)\/reward$/.exec(k) || [])[1]).filter(Boolean))];
+  return names.map(name => {
+    const pre = `eval/${name}/`, rows = metrics.filter(m => typeof m[pre + "reward"] === "number");
+    const main = rows.map(m => {
+      const y = m[pre + "reward"], se = m[pre + "reward_se"];
+      return typeof se === "number" ? { x: m.step, y, lo: y - se, hi: y + se } : { x: m.step, y };
+    });
+    const extra = [...new Set(rows.flatMap(m => Object.keys(m)).filter(k => k.startsWith(pre)).map(k => k.slice(pre.length))
+      .filter(k => !["reward", "reward_se", "scenarios", "failed"].includes(k)))].sort();
+    const more = extra.map(k => ({ name: k.replace(/^part\//, "part: "), shown: false,
+      points: rows.filter(m => typeof m[pre + k] === "number").map(m => ({ x: m.step, y: m[pre + k] })) }));
+    const n = rows.length ? rows[rows.length - 1][pre + "scenarios"] : 0;
+    return lineChart(`evaluation “${name}”: mean reward on ${n} scenarios (band: ± one standard error)`, main,
+      { id: "eval-" + name, name: "reward", more, marks });
+  });
 }
 
 async function model(p) {
@@ -98,23 +165,40 @@ async function model(p) {
     const data = await api("curve", { project: p.project, model: p.model, ...inRun(p) });
     const run = { run: data.run ?? "" };  // the run shown: the one asked for, else the newest
     setCrumbs({ ...p, ...run });
+    const warmup = data.metrics.filter(m => m.sft).map(m => m.step);
+    const grpo = data.metrics.filter(m => !m.sft), sft = data.metrics.filter(m => m.sft && typeof m.loss === "number");
+    const untrained = data.metrics.filter(m => m.untrained_batches);
     const pts = data.points.filter(q => q.mean !== null);
-    const curve = lineChart("mean reward (band: ± one std)", pts.map(q => ({ x: q.step, y: q.mean, lo: q.mean - (q.std || 0), hi: q.mean + (q.std || 0) })),
-      { id: "reward", onclick: q => location.hash = "#/step?" + new URLSearchParams({ project: p.project, model: p.model, step: q.x, ...run }) });
+    const partNames = [...new Set(data.parts.map(q => q.name))];
+    const curve = lineChart("training reward: mean per step (band: ± one std)", pts.map(q => ({ x: q.step, y: q.mean, lo: q.mean - (q.std || 0), hi: q.mean + (q.std || 0) })),
+      { id: "reward", name: "total", marks: warmup,
+        more: partNames.map(n => ({ name: n, shown: false, points: data.parts.filter(q => q.name === n).map(q => ({ x: q.step, y: q.mean })) })),
+        onclick: q => location.hash = "#/step?" + new URLSearchParams({ project: p.project, model: p.model, step: q.x, ...run }) });
     const runs = el("select", { id: "run", onchange: e => location.hash = "#/model?" + new URLSearchParams({ project: p.project, model: p.model, run: e.target.value }) },
       data.runs.map(r => el("option", { value: r.run, ...(r.run === run.run ? { selected: "" } : {}) },
         `${r.run || "(before runs)"} · ${r.last_step ?? 0} steps · ${r.trajectories} trajectories`)));
-    const metric = (name, title) => lineChart(title, data.metrics.filter(m => m[name] !== undefined).map(m => ({ x: m.step, y: m[name] })), { id: name });
-    const table = el("table", { id: "steps" }, el("tr", {}, ...["step", "trajectories", "mean", "std", "min", "max", "failed", ""].map(h => el("th", {}, h))),
+    const byStep = Object.fromEntries(data.metrics.map(m => [m.step, m]));
+    const notes = s => {
+      const m = byStep[s] || {};
+      return [m.sft ? el("span", { class: "flag warmup" }, "warm-up") : null,
+              m.untrained_batches ? el("span", { class: "flag nosignal", title: m.untrained_reason || "" }, "trained nothing") : null];
+    };
+    const table = el("table", { id: "steps" }, el("tr", {}, ...["step", "trajectories", "mean", "std", "min", "max", "failed", "", ""].map(h => el("th", {}, h))),
       data.points.map(q => el("tr", {}, el("td", {}, q.step), el("td", {}, q.n), el("td", {}, fmt(q.mean)), el("td", {}, fmt(q.std)),
-        el("td", {}, fmt(q.min)), el("td", {}, fmt(q.max)), el("td", {}, q.errors || ""),
+        el("td", {}, fmt(q.min)), el("td", {}, fmt(q.max)), el("td", {}, q.errors || ""), el("td", {}, notes(q.step)),
         el("td", {}, link("step", { project: p.project, model: p.model, step: q.step }, "groups"), " ",
           link("trajectories", { project: p.project, model: p.model, ...run, min_step: q.step, max_step: q.step }, "trajectories")))));
-    main.replaceChildren(el("h1", {}, `${p.model} — reward over steps`),
+    const nothing = untrained.length ? [el("h2", {}, "Batches that trained nothing"),
+      el("table", { id: "untrained" }, el("tr", {}, ...["at step", "batches", "why"].map(h => el("th", {}, h))),
+        untrained.map(m => el("tr", {}, el("td", {}, link("step", { project: p.project, model: p.model, step: m.step, ...run }, m.step)),
+          el("td", {}, m.untrained_batches), el("td", {}, m.untrained_reason || "–"))))] : [];
+    main.replaceChildren(el("h1", {}, `${p.model} — what was learned`),
       data.runs.length ? el("label", { class: "filters" }, "run ", runs) : null,
-      el("div", { class: "charts" }, curve, metric("loss", "loss"), metric("clip_fraction", "clip fraction"), metric("kl", "KL"),
-        metric("tokens_trained", "tokens trained"), metric("seconds", "seconds per step")),
-      el("h2", {}, "Steps"), table);
+      el("div", { class: "charts" }, curve, ...evaluationCharts(data.metrics, warmup),
+        metricChart(grpo, "loss", "loss (GRPO steps)"), sft.length ? metricChart(sft, "loss", "loss (warm-up steps)", [], "sft_loss") : null,
+        metricChart(grpo, "clip_fraction", "clip fraction", warmup), metricChart(grpo, "kl", "KL", warmup),
+        metricChart(data.metrics, "tokens_trained", "tokens trained", warmup), metricChart(data.metrics, "seconds", "seconds per step", warmup)),
+      ...nothing, el("h2", {}, "Steps"), table);
   };
   await draw();
   refresh = setInterval(() => draw().catch(() => {}), 5000); // the curve moves while a run is going
