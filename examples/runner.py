@@ -56,15 +56,20 @@ def load_config(path: Path, argv: Sequence[str] | None) -> dict[str, Any]:
 
 
 async def evaluate(rollout: art.Rollout, scenarios: list[Any], rewards: list[Any],
-                   success: Callable[[art.Trajectory], bool] | None = None, temperature: float = 0.0
-                   ) -> tuple[float, float | None, list[art.Trajectory]]:
+                   success: Callable[[art.Trajectory], bool] | None = None, temperature: float = 0.0,
+                   run: Optional[art.Session] = None) -> tuple[float, float | None, list[art.Trajectory]]:
     """(mean reward, share of scenarios that ``success`` counts as solved, the trajectories) on
     held-out scenarios. A rollout that takes a ``temperature`` answers greedily here by default,
     so before and after compare the model's best answers, not samples; a config's
     ``eval_temperature`` plays each scenario once at that temperature instead (for a task where
-    the greedy answer repeats one move until it fails, as 2048's does)."""
-    groups = await art.gather(rollout, at_temperature(rollout, scenarios, temperature), group_size=1, rewards=rewards)
-    trajs = [t for g in groups for t in g]
+    the greedy answer repeats one move until it fails, as 2048's does). In a training ``run``, it
+    is that run's evaluation (``run.evaluate``: filed with the step, the viewer's held-out curve);
+    without one (a model behind a URL, bench/examples.py), a plain gather."""
+    calls = at_temperature(rollout, scenarios, temperature)
+    if run is not None:
+        trajs = (await run.evaluate(rollout, calls, rewards=rewards, name="held-out")).trajectories
+    else:
+        trajs = [t for g in await art.gather(rollout, calls, group_size=1, rewards=rewards) for t in g]
     scored = [t.reward for t in trajs if t.reward is not None]
     mean = sum(scored) / len(scored) if scored else float("nan")
     rate = sum(1 for t in trajs if t.error is None and success(t)) / len(trajs) if success and trajs else None
@@ -128,7 +133,7 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
                   + (f", solved {rate_before:.0%}" if rate_before is not None else ""), flush=True)
         else:
             print(f"evaluating on {len(held_out)} held-out {noun}, {how}...", flush=True)
-            before, rate_before, trajs = await evaluate(rollout, held_out, rewards, success, eval_t)
+            before, rate_before, trajs = await evaluate(rollout, held_out, rewards, success, eval_t, run)
             per["before"] = each(trajs, success)
             print(f"eval before: mean reward {before:.3f} over {len(held_out)} {noun}"
                   + (f", solved {rate_before:.0%}" if rate_before is not None else ""), flush=True)
@@ -142,7 +147,7 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
             history.append({"step": sft.step, "sft": True, **sft.metrics})
             print(f"step {sft.step} (warm-up): loss {sft.metrics['loss_first_epoch']:.3f} -> {sft.metrics['loss']:.3f} "
                   f"over {int(sft.metrics['examples'])} conversations, {sft.metrics['seconds']:.1f}s", flush=True)
-            mean, rate, trajs = await evaluate(rollout, held_out, rewards, success, eval_t)
+            mean, rate, trajs = await evaluate(rollout, held_out, rewards, success, eval_t, run)
             per["warmup"] = each(trajs, success)
             evals.append({"step": sft.step, "reward": mean, "solved": rate, "warmup": True})
             print(f"eval after the warm-up: mean reward {mean:.3f}" + (f", solved {rate:.0%}" if rate is not None else ""),
@@ -164,7 +169,7 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
                       f"{sft.metrics['loss']:.3f}, {sft.metrics['seconds']:.1f}s", flush=True)
                 every = cfg.get("eval_every", 0)
                 if every and (i + 1) % every == 0 and i + 1 < target - start:
-                    mean, rate, _ = await evaluate(rollout, held_out, rewards, success, eval_t)
+                    mean, rate, _ = await evaluate(rollout, held_out, rewards, success, eval_t, run)
                     evals.append({"step": run.step, "reward": mean, "solved": rate})
                 continue
             print(f"step {run.step + 1}: gathering {cfg['scenarios_per_step']} x {cfg['group_size']} rollouts...",
@@ -178,11 +183,11 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
             print_step(label, mean, result)
             every = cfg.get("eval_every", 0)
             if every and (i + 1) % every == 0 and i + 1 < target - start:  # the held-out curve, on the way
-                mean, rate, _ = await evaluate(rollout, held_out, rewards, success, eval_t)
+                mean, rate, _ = await evaluate(rollout, held_out, rewards, success, eval_t, run)
                 evals.append({"step": run.step, "reward": mean, "solved": rate})
                 print(f"eval at step {run.step}: mean reward {mean:.3f}" + (f", solved {rate:.0%}" if rate is not None
                                                                            else ""), flush=True)
-        after, rate_after, trajs = await evaluate(rollout, held_out, rewards, success, eval_t)
+        after, rate_after, trajs = await evaluate(rollout, held_out, rewards, success, eval_t, run)
         per["after"] = each(trajs, success)
         print(f"eval after {len(history)} steps (the model at step {run.step}): mean reward {after:.3f} over "
               f"{len(held_out)} {noun}"

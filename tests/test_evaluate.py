@@ -78,6 +78,8 @@ def test_an_evaluation_scores_stores_and_files_itself_with_the_step(home):
         await client.close()
         return result, tracker, trained
 
+    from artsdk.viewer.queries import Views
+
     result, tracker, trained = anyio.run(go)
     rewards = [1 + 1 / 11, 1 / 12, 1 + 1 / 13, 1 + 1 / 15]  # 13 failed: counted, not scored
     mean = sum(rewards) / 4
@@ -94,8 +96,9 @@ def test_an_evaluation_scores_stores_and_files_itself_with_the_step(home):
         evaluated = [t for t in stored if t.metadata.get("evaluation") == "held-out"]
         assert len(evaluated) == 5 and all(t.group_id is None and t.step == 0 for t in evaluated)
         assert len(store.groups(project="ev", model="judge", step=0)) == 2  # the training groups alone
-        (row,) = [s for s in store.steps("ev", "judge") if s["step"] == 0]
-        figures = row["metrics"]
+        assert [s["step"] for s in store.steps("ev", "judge")] == [1]  # the training steps: step 0 is none
+        views = Views(store)
+        (figures,) = [m for m in views.curve("ev", "judge")["metrics"] if m["step"] == 0]
         assert figures["eval/held-out/reward"] == pytest.approx(mean)
         assert figures["eval/held-out/part/even"] == 0.75 and figures["eval/held-out/at_zero"] == 1.0
     assert trained.trained and trained.step == 1 and trained.groups_trained + trained.groups_skipped == 2

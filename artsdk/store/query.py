@@ -108,12 +108,14 @@ def load_groups(engine: sa.engine.Engine, where: str, *, project: Optional[str] 
 
 
 def load_steps(engine: sa.engine.Engine, project: str, model: str, run: Optional[str]) -> list[dict[str, Any]]:
-    """A run's recorded training steps (of the model's newest run when ``run`` is None), oldest first."""
+    """A run's recorded training steps (of the model's newest run when ``run`` is None), oldest
+    first. Step 0, the base model, is none: its row holds only what was measured of it (an
+    evaluation, a batch that trained nothing), which the viewer reads."""
     s = T.StepRow.__table__
     run = latest_run(engine, project, model) if run is None else run
     with engine.connect() as conn:
-        rows = conn.execute(sa.select(s).where(s.c.project == project, s.c.model == model, s.c.run == (run or ""))
-                            .order_by(s.c.step)).all()
+        rows = conn.execute(sa.select(s).where(s.c.project == project, s.c.model == model, s.c.run == (run or ""),
+                                               s.c.step > 0).order_by(s.c.step)).all()
     return [{"step": r.step, "run": r.run, "metrics": loads(r.metrics), "created_at": r.created_at} for r in rows]
 
 
