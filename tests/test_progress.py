@@ -24,7 +24,7 @@ async def test_a_training_step_and_a_gather_print_progress_lines_to_a_non_termin
     async def agent(q: str) -> str:
         import asyncio
 
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.1 * int(q[1:]))  # the gather lasts at least 0.5 s, past LINE_EVERY, however fast the machine
         r = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": q}], max_tokens=3)
         return r.choices[0].message.content
 
