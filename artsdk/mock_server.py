@@ -1,7 +1,7 @@
 """``MockServer``: a stand-in for a model server, OpenAI-compatible, on 127.0.0.1 -- for the docs'
-examples, tests and benchmarks, and for trying artsdk with no model and no key. Chat completions
-and the Responses API, plain and streamed, with tool calls; it needs fastapi and uvicorn (the
-``local`` or ``view`` extra).
+examples, tests and benchmarks, and for trying artsdk with no model and no key. Chat completions,
+the Responses API and Anthropic's Messages API (``/v1/messages``), plain and streamed, with tool
+calls; it needs fastapi and uvicorn (the ``local`` or ``view`` extra).
 
 ```python
 from artsdk.mock_server import MockServer
@@ -155,6 +155,45 @@ def make_app(step: int = 0, script: Optional[Script] = None) -> FastAPI:
             return response
         return StreamingResponse(_response_events(response, cut=text.startswith("cut stream")),
                                  media_type="text/event-stream")
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Any:
+        """Anthropic's Messages API, answering as the chat route does (the last user message
+        decides); a tool_use block when tools are given and the text is "tool please"."""
+        body = await request.json()
+        auth = request.headers.get("x-api-key") or request.headers.get("authorization")  # as the client sends it
+        app.state.requests.append({"body": body, "auth": auth, "api": "messages"})
+        from artsdk.capture.messages_record import message_events
+        from artsdk.message_blocks import chat_messages, content_blocks
+
+        chat = chat_messages(body.get("messages") or [], body.get("system"))
+        text = _last_user(chat)
+        if text.startswith("bad json"):
+            return JSONResponse({"type": "error", "error": {"type": "invalid_request_error",
+                                                            "message": "scripted failure"}}, status_code=400)
+        chat_tools = [{"type": "function", "function": {"name": t["name"]}} for t in body.get("tools") or ()]
+        content, tool_calls = answer({"messages": chat, "tools": chat_tools}, 0)
+        toks = tokens_of(content, tool_calls)
+        message = {
+            "id": f"msg_{len(app.state.requests)}", "type": "message", "role": "assistant",
+            "model": f"{body.get('model')}@{app.state.step}", "content": content_blocks(content, tool_calls, "mock"),
+            "stop_reason": "tool_use" if tool_calls else "end_turn", "stop_sequence": None,
+            "usage": {"input_tokens": 3, "output_tokens": len(toks)},
+            "token_ids": [ord(c) for c in toks], "logprobs": [-0.5] * len(toks),
+            "prompt_token_ids": [ord(c) % 50000 for c in json.dumps(chat)[:64]],
+        }
+        if not body.get("stream"):
+            return message
+        cut = text.startswith("cut stream")
+
+        async def events() -> Any:
+            for n, (name, data) in enumerate(message_events(message)):
+                if cut and n == 3:
+                    return  # the connection ends after the first delta: no message_stop
+                yield f"event: {name}\ndata: {json.dumps(data)}\n\n"
+                await asyncio.sleep(0)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     return app
 

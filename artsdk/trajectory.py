@@ -13,7 +13,7 @@ from typing import Any, Iterable, Iterator, Optional, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import TrajectoryError
+from .errors import CaptureError, TrajectoryError
 
 Message = dict[str, Any]
 """One chat message in OpenAI format: ``{"role": ..., "content": ..., "tool_calls": ...}``."""
@@ -157,11 +157,21 @@ class ErrorInfo(BaseModel):
 
     @classmethod
     def from_exception(cls, exc: BaseException) -> "ErrorInfo":
+        """The error, by its first cause when that is artsdk's CaptureError: a client that wraps
+        what its transport raised (anthropic's and openai 2.x's ``APIConnectionError``) hides
+        that strict capture refused the call."""
         import traceback
 
+        shown, cause, seen = exc, exc.__cause__ or exc.__context__, 0
+        while cause is not None and seen < 16:
+            if isinstance(cause, CaptureError):
+                shown = cause
+                break
+            cause, seen = cause.__cause__ or cause.__context__, seen + 1
+        message = str(shown) if shown is exc else f"{shown} (the agent got {type(exc).__name__}: {exc})"
         return cls(
-            type=type(exc).__name__,
-            message=str(exc),
+            type=type(shown).__name__,
+            message=message,
             traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
         )
 

@@ -23,15 +23,26 @@ __all__ = ["BODY_TIMEOUT", "HEADER_TIMEOUT", "GuardedH11", "ServerThread", "erro
 BODY_TIMEOUT = 60.0  # seconds to receive a whole request body
 
 
+# Anthropic's error types by status, for the routes of its Messages API
+_ANTHROPIC_KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
+                    429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
 def error(status: int, message: str, param: Optional[str] = None,
-          kind: str = "invalid_request_error") -> JSONResponse:
-    """An OpenAI-style error body."""
+          kind: str = "invalid_request_error", path: str = "") -> JSONResponse:
+    """An error body in the shape of the API ``path`` belongs to: Anthropic's
+    (``{"type": "error", "error": {"type", "message"}}``) for ``/v1/messages``, OpenAI's otherwise."""
+    if path.rstrip("/").endswith("/v1/messages"):
+        return JSONResponse({"type": "error", "error": {"type": _ANTHROPIC_KINDS.get(status, "api_error"),
+                                                        "message": message}}, status_code=status)
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
                         status_code=status)
 
 
 def guard(app: FastAPI, api_key: Optional[str], max_body: int, body_timeout: Optional[float] = None) -> None:
-    """With a key, every route but /health needs ``Authorization: Bearer <key>`` (401
+    """With a key, every route but /health needs ``Authorization: Bearer <key>`` (or
+    ``x-api-key: <key>``, as Anthropic's clients send it; 401
     otherwise, and nothing happens); a body over ``max_body`` bytes gets 413 -- at once when
     its Content-Length says so, else as soon as that many bytes have arrived -- and a body
     that takes longer than ``body_timeout`` seconds to arrive gets 408."""
@@ -54,15 +65,15 @@ class _Guard:
             return
         headers = dict(scope.get("headers") or ())
         if self.api_key is not None and scope["path"] != "/health":
-            given = headers.get(b"authorization", b"")
-            if not secrets.compare_digest(given, f"Bearer {self.api_key}".encode()):
-                await error(401, "missing or wrong API key (Authorization: Bearer <key>)",
-                            kind="authentication_error")(scope, receive, send)
+            bearer = secrets.compare_digest(headers.get(b"authorization", b""), f"Bearer {self.api_key}".encode())
+            if not bearer and not secrets.compare_digest(headers.get(b"x-api-key", b""), self.api_key.encode()):
+                await error(401, "missing or wrong API key (Authorization: Bearer <key>, or x-api-key: <key>)",
+                            kind="authentication_error", path=scope["path"])(scope, receive, send)
                 return
         length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > self.max_body:
-            await error(413, f"request body of {int(length)} bytes is over the limit of {self.max_body}")(
-                scope, receive, send)
+            await error(413, f"request body of {int(length)} bytes is over the limit of {self.max_body}",
+                        path=scope["path"])(scope, receive, send)
             return
         deadline = asyncio.get_running_loop().time() + self.timeout
         received, complete = 0, False

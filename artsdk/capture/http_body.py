@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from typing import Any, AsyncIterator, Callable, Iterator, Optional
-
-from .openai_http import http
 
 Done = Callable[[bytes, bool], None]  # (the body so far, whether it arrived whole)
 
@@ -33,8 +32,9 @@ def watch_body(http_response: Any, done: Done) -> Callable[[], None]:
         finish(True)
         return lambda: None
     inner = http_response.stream
-    sync_tee, async_tee = _tees(http())
-    if isinstance(inner, http().AsyncByteStream) or hasattr(inner, "__aiter__"):
+    library = sys.modules[type(http_response).__module__.partition(".")[0]]  # httpx or httpx2, whichever built it
+    sync_tee, async_tee = _tees(library)
+    if isinstance(inner, library.AsyncByteStream) or hasattr(inner, "__aiter__"):
         http_response.stream = async_tee(inner, state["parts"], finish)
     else:
         http_response.stream = sync_tee(inner, state["parts"], finish)

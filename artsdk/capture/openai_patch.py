@@ -3,6 +3,7 @@
 recorded, routed to the backend during a session, and answered from the recording during a
 replay. What differs from one resource to the next (chat completions in ``openai.py``, the
 Responses API in ``openai_responses.py``) is an ``API``; ``capture/__init__.py`` lists them.
+The ``anthropic`` client is built the same way (``anthropic_messages.py`` uses this too).
 
 The patch sits on the resource classes, not on the HTTP transport, so it sees the same
 arguments and objects agent code sees whatever HTTP library the client uses underneath.
@@ -43,6 +44,9 @@ class API:
     parse_body: Callable[[Any], Any]  # a JSON body -> the response object
     parse_event: Callable[[Any], Any]  # one server-sent event's JSON -> the chunk / event object
     replay: Callable[[Any, dict[str, Any], str, LLMCall], Any]  # what the client would have returned
+    # the client's base URL for a backend endpoint's (``http://host:port/v1``): clients whose
+    # paths already start with /v1 (anthropic's /v1/messages) are pointed at the server's root
+    base_url: Callable[[str], str] = lambda url: url
 
 
 def built_as(type_name: str) -> Callable[[Any], Any]:
@@ -85,7 +89,7 @@ def unpatch(module: Any, *apis: API) -> None:
                     setattr(cls, name, fn.__wrapped__)
 
 
-def _routed(resource: Any, model: Any, api: API) -> tuple[Any, dict[str, Any] | None, bool]:
+def routed(resource: Any, model: Any, api: API) -> tuple[Any, dict[str, Any] | None, bool]:
     """(the resource to send to, the model name to send instead, whether the call goes to a
     backend): for a trainable model during a session, the same client pointed at the
     backend's endpoint -- unless it points at that server already (a rollout's own
@@ -105,7 +109,7 @@ def _routed(resource: Any, model: Any, api: API) -> tuple[Any, dict[str, Any] | 
         live = set(routes.values())
         for old in [k for k in per_client if k[0] not in live]:
             del per_client[old]
-        target = client.with_options(base_url=route.base_url, api_key=route.api_key)
+        target = client.with_options(base_url=api.base_url(route.base_url), api_key=route.api_key)
         for attr in api.path.split("."):
             target = getattr(target, attr)
         per_client[(route, api.path)] = target
@@ -130,10 +134,10 @@ def _wrap_sync(orig: Callable[..., Any], kind: str, api: API) -> Callable[..., A
             return orig(self, *args, **kwargs)
         cassette = current_cassette.get()
         if cassette is not None:
-            return _replay(self, kwargs, kind, cassette, api)
-        target, override, routed = _routed(self, kwargs.get("model"), api)
+            return replayed(self, kwargs, kind, cassette, api)
+        target, override, to_backend = routed(self, kwargs.get("model"), api)
         with one_call(api.provider, kwargs, api.request) as (rec, t0, slot):
-            if routed:
+            if to_backend:
                 kwargs = for_backend(kwargs, slot)
             resp = orig(target, *args, **({**kwargs, **override} if override else kwargs))
         if rec is not None:
@@ -149,10 +153,10 @@ def _wrap_async(orig: Callable[..., Any], kind: str, api: API) -> Callable[..., 
             return await orig(self, *args, **kwargs)
         cassette = current_cassette.get()
         if cassette is not None:
-            return _replay(self, kwargs, kind, cassette, api)
-        target, override, routed = _routed(self, kwargs.get("model"), api)
+            return replayed(self, kwargs, kind, cassette, api)
+        target, override, to_backend = routed(self, kwargs.get("model"), api)
         with one_call(api.provider, kwargs, api.request) as (rec, t0, slot):
-            if routed:
+            if to_backend:
                 kwargs = for_backend(kwargs, slot)
             resp = await orig(target, *args, **({**kwargs, **override} if override else kwargs))
         if rec is not None:
@@ -283,7 +287,8 @@ def watch_stream(rec: Recorder, slot: int, acc: Any, stream: Any, t0: float, is_
         stream.close = close
 
 
-def _replay(resource: Any, kwargs: dict[str, Any], kind: str, cassette: Cassette, api: API) -> Any:
+def replayed(resource: Any, kwargs: dict[str, Any], kind: str, cassette: Cassette, api: API) -> Any:
+    """The next recorded call of the replay's cassette, as the client would have returned it."""
     model, messages, tools, _ = api.request(kwargs)
     call = cassette.next_call(model, messages, tools)
     rec = current_recorder.get()

@@ -43,8 +43,8 @@ def check(method: str, url: str, path: str, library: str, headers: Optional[Mapp
         refused = note + "strict_capture refused to send it"
         rec.note(refused)  # the agent may catch the error: the trajectory keeps the trace
         raise CaptureError(refused)
-    rec.note(note + "Make the call through the openai client or litellm (or a framework built on them), see "
-                    "docs/capture.md")
+    rec.note(note + "Make the call through the openai or anthropic client or litellm (or a framework built on "
+                    "them), see docs/capture.md")
 
 
 def _filed_by_endpoint(url: str, path: str, headers: Optional[Mapping[str, Any]]) -> bool:
@@ -70,4 +70,10 @@ def _how(path: str, library: str, headers: Optional[Mapping[str, Any]]) -> str:
                    "does not record: use client.chat.completions.create or client.responses.create"
         return "with the openai client's low-level request methods (client.post / client.request), which " \
                "artsdk does not record: use client.chat.completions.create or client.responses.create"
+    if agent.startswith(("Anthropic/", "AsyncAnthropic/")):
+        if "/messages" in path:
+            return "with the anthropic client by a road artsdk does not record (its beta messages API, or the " \
+                   "low-level client.post): use client.messages.create or client.messages.stream"
+        return "with the anthropic client's low-level request methods, which artsdk does not record: use " \
+               "client.messages.create or client.messages.stream"
     return f"through {library}, which artsdk does not patch"

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server of the local backend (FastAPI + uvicorn): the app, with
 what every route shares (the key, body limits, errors, ``/health``, ``/v1/models``) and the
-API surfaces it serves -- chat completions (``server_chat.py``) and the Responses API
-(``server_responses.py``). ``backends.http.ServerThread`` runs it.
+API surfaces it serves -- chat completions (``server_chat.py``), the Responses API
+(``server_responses.py``) and Anthropic's Messages API (``server_messages.py``; its errors in
+Anthropic's shape). ``backends.http.ServerThread`` runs it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .engine import EngineRefused
 from .generate import MAX_BODY, BadRequest, ClientGone
 from .served import ServedModel
 from .server_chat import add_chat_routes
+from .server_messages import add_messages_routes
 from .server_responses import add_responses_routes
 
 
@@ -33,26 +35,26 @@ def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[st
     app.add_middleware(PerRolloutPaths)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"] if x != "body")
-        return error(400, f"{where}: {first['msg']}", param=where)
+        return error(400, f"{where}: {first['msg']}", param=where, path=request.url.path)
 
     @app.exception_handler(BadRequest)
-    async def bad(_: Request, exc: BadRequest) -> JSONResponse:
-        return error(exc.status, str(exc), exc.param)
+    async def bad(request: Request, exc: BadRequest) -> JSONResponse:
+        return error(exc.status, str(exc), exc.param, path=request.url.path)
 
     @app.exception_handler(ClientGone)
     async def gone(_: Request, exc: ClientGone) -> Response:
         return Response(status_code=499)  # nobody is there to read it
 
     @app.exception_handler(EngineRefused)
-    async def refused(_: Request, exc: EngineRefused) -> JSONResponse:
-        return error(400, str(exc))
+    async def refused(request: Request, exc: EngineRefused) -> JSONResponse:
+        return error(400, str(exc), path=request.url.path)
 
     @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
-        return error(exc.status_code, str(exc.detail))
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return error(exc.status_code, str(exc.detail), path=request.url.path)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -71,4 +73,5 @@ def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[st
 
     add_chat_routes(app, models, record)
     add_responses_routes(app, models, record)
+    add_messages_routes(app, models, record)
     return app

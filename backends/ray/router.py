@@ -167,21 +167,22 @@ def build_app(pools: Callable[[], dict[str, Pool]], api_key: Optional[str], wait
 
     @app.post("/v1/{path:path}")
     async def forward(path: str, request: Request) -> Any:
+        where = f"/v1/{path}"  # errors in the shape of its API (Anthropic's for /v1/messages)
         raw = await request.body()
         try:
             body = json.loads(raw)
             if not isinstance(body, dict):
                 raise ValueError("not an object")
         except ValueError as e:
-            return error(400, f"the request body is not a JSON object ({e})")
+            return error(400, f"the request body is not a JSON object ({e})", path=where)
         requested = body.get("model")
         name, at, step_text = str(requested).partition("@")
         pool = pools().get(name) if isinstance(requested, str) else None
         if pool is None:
             known = ", ".join(sorted(pools())) or "none registered"
-            return error(400, f"unknown model {str(requested)[:100]!r}; this server has: {known}", "model")
+            return error(400, f"unknown model {str(requested)[:100]!r}; this server has: {known}", "model", path=where)
         if at and not step_text.isdigit():
-            return error(400, f"{requested[:100]!r}: {step_text[:20]!r} is not a step number", "model")
+            return error(400, f"{requested[:100]!r}: {step_text[:20]!r} is not a step number", "model", path=where)
         key = routing_key(body, request.headers.get("x-artsdk-rollout"))
         previous = body.get("previous_response_id")
         avoid: set[int] = set()
@@ -198,10 +199,10 @@ def build_app(pools: Callable[[], dict[str, Pool]], api_key: Optional[str], wait
                 if at and all(step not in r.steps for r in pool.ready()) and pool.ready():
                     return error(400, f"{requested[:100]!r}: step {step} is not being served (serving "
                                       f"{sorted(set().union(*(r.steps for r in pool.ready())))}); ask for "
-                                      f"{name!r} for the newest", "model")
+                                      f"{name!r} for the newest", "model", path=where)
                 if time.monotonic() > deadline or await request.is_disconnected():
                     return error(503, f"no inference replica of {name!r} is ready ({len(pool.ready())} of "
-                                      f"{len(pool.replicas)}); try again shortly", kind="server_error")
+                                      f"{len(pool.replicas)}); try again shortly", kind="server_error", path=where)
                 avoid.clear()  # every replica was tried: wait for one to come back, then try again
                 await asyncio.sleep(0.2)
                 continue
