@@ -43,7 +43,7 @@ setup-frameworks: $(VENV)/.installed-frameworks
 
 $(VENV)/.installed-frameworks: $(VENV)/.installed
 	@echo "== installing into $(VENV): the agent frameworks the tests drive, the benchmarks' peers; about 1 minute =="
-	$(PIP) install --progress-bar off torch==2.13.0 -e '.[local,dev,frameworks,bench]' -c $(LOCK)
+	$(PIP) install --progress-bar off torch==2.13.0 -e '.[local,dev,frameworks,bench,anthropic]' -c $(LOCK)
 	touch $@
 	@echo "== installed =="
 
@@ -68,13 +68,14 @@ test: setup-frameworks
 # the frameworks that need openai 2.x; the client SDK's tests and those frameworks' (no torch here)
 CLIENT_TESTS = tests/test_capture_openai.py tests/test_capture_responses.py tests/test_replay.py \
 	tests/test_rollout.py tests/test_store.py tests/test_rewards.py tests/test_session_config.py \
-	tests/test_no_silent_loss.py tests/test_nothing_lost.py tests/test_frameworks_openai2.py
+	tests/test_no_silent_loss.py tests/test_nothing_lost.py tests/test_frameworks_openai2.py \
+	tests/test_capture_anthropic.py
 test-oldest:
 	@echo "== the oldest row: $(OLDEST) with requirements/oldest.txt =="
 	$(PYTHON) -m venv $(OLDEST)
 	$(OLDEST)/bin/pip install --progress-bar off --upgrade pip
-	$(OLDEST)/bin/pip install --progress-bar off -e '.[test,frameworks-openai2]' -c requirements/oldest.txt
-	$(OLDEST)/bin/pip list 2>/dev/null | grep -iE '^(openai|pydantic|anyio|sqlmodel|sqlalchemy|httpx) '
+	$(OLDEST)/bin/pip install --progress-bar off -e '.[test,frameworks-openai2,anthropic]' -c requirements/oldest.txt
+	$(OLDEST)/bin/pip list 2>/dev/null | grep -iE '^(openai|anthropic|pydantic|anyio|sqlmodel|sqlalchemy|httpx) '
 	$(OLDEST)/bin/python -m pytest -ra $(CLIENT_TESTS)
 
 # requirements/lock.txt from the venv with vLLM in it (run after `make test` passed with newer

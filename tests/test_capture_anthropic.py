@@ -6,6 +6,8 @@ a session the calls go to the backend whatever base URL the client was built wit
 trajectory replays; a call that escapes capture is reported by name. No torch: this runs in
 the oldest row of the compatibility matrix too (test_local_messages.py trains through it)."""
 
+import inspect
+
 import pytest
 
 import artsdk as art
@@ -18,14 +20,21 @@ TOOLS = [{"name": "search", "description": "Search.", "input_schema": {"type": "
 
 
 @pytest.fixture
-def clients(server):
-    root = server.base_url.removesuffix("/v1")
-    return (anthropic.Anthropic(base_url=root, api_key="k", max_retries=0),
-            anthropic.AsyncAnthropic(base_url=root, api_key="k", max_retries=0))
+def sync_anthropic(server):
+    client = anthropic.Anthropic(base_url=server.base_url.removesuffix("/v1"), api_key="k", max_retries=0)
+    yield client
+    client.close()
 
 
-def test_create_records_blocks_chat_view_and_tokens(clients, server):
-    sync, _ = clients
+@pytest.fixture
+async def async_anthropic(server):
+    client = anthropic.AsyncAnthropic(base_url=server.base_url.removesuffix("/v1"), api_key="k", max_retries=0)
+    yield client
+    await client.close()  # with the test's event loop
+
+
+def test_create_records_blocks_chat_view_and_tokens(sync_anthropic, server):
+    sync = sync_anthropic
 
     @art.rollout
     def agent(q):
@@ -52,8 +61,8 @@ def test_create_records_blocks_chat_view_and_tokens(clients, server):
     assert call.prompt_token_ids and call.usage == {"prompt_tokens": 3, "completion_tokens": 11, "total_tokens": 14}
 
 
-async def test_a_tool_loop_streamed_both_ways(clients):
-    _, client = clients
+async def test_a_tool_loop_streamed_both_ways(async_anthropic):
+    client = async_anthropic
 
     @art.rollout
     async def agent(q):
@@ -87,8 +96,8 @@ async def test_a_tool_loop_streamed_both_ways(clients):
                                                             "parameters": TOOLS[0]["input_schema"]}}]
 
 
-def test_the_sync_client_records_in_the_order_calls_are_made(clients):
-    sync, _ = clients
+def test_the_sync_client_records_in_the_order_calls_are_made(sync_anthropic):
+    sync = sync_anthropic
 
     @art.rollout
     def agent(q):
@@ -110,8 +119,8 @@ def test_the_sync_client_records_in_the_order_calls_are_made(clients):
     assert all(c.choices[0].message["content"] == "echo: hi" and c.choices[0].token_ids for c in t.calls)
 
 
-async def test_a_cut_stream_is_recorded_incomplete(clients):
-    _, client = clients
+async def test_a_cut_stream_is_recorded_incomplete(async_anthropic):
+    client = async_anthropic
 
     @art.rollout
     async def agent(q):
@@ -124,14 +133,15 @@ async def test_a_cut_stream_is_recorded_incomplete(clients):
     assert call.incomplete and call.error == CUT and not call.choices[0].token_ids
 
 
-async def test_the_raw_response_wrapper_is_recorded(clients):
-    _, client = clients
+async def test_the_raw_response_wrapper_is_recorded(async_anthropic):
+    client = async_anthropic
 
     @art.rollout
     async def agent(q):
         raw = await client.messages.with_raw_response.create(model="m", max_tokens=9,
                                                              messages=[{"role": "user", "content": q}])
-        return (await raw.parse()).content[0].text
+        parsed = raw.parse()  # a coroutine on anthropic 2.x, the Message before
+        return (await parsed if inspect.isawaitable(parsed) else parsed).content[0].text
 
     t = await agent.collect("raw")
     assert t.error is None, t.error
@@ -168,10 +178,10 @@ async def test_a_session_routes_the_calls_and_a_stored_trajectory_replays(art_st
     await client.close()
 
 
-async def test_a_messages_call_that_escapes_capture_is_reported_by_name(clients, server):
+async def test_a_messages_call_that_escapes_capture_is_reported_by_name(async_anthropic, server):
     import httpx
 
-    _, client = clients
+    client = async_anthropic
 
     @art.rollout
     async def sneaky(i: int) -> int:

@@ -160,6 +160,52 @@ async def test_langchain_openai(server, options, stream):
     assert all(c.stream == stream for t in trajs for c in t.calls)
 
 
+# -- LangChain's ChatAnthropic: the anthropic client's Messages API, through raw responses -----
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_langchain_anthropic(server, stream):
+    pytest.importorskip("langchain_anthropic")
+    from langchain_anthropic import ChatAnthropic
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+
+    @tool
+    def search(q: str) -> str:
+        """Search the notes."""
+        return f"result for {q}"
+
+    from langchain_anthropic import _client_utils
+
+    chat = ChatAnthropic(model="m", base_url=server.base_url.removesuffix("/v1"), api_key="k", max_tokens=64,
+                         max_retries=0)
+    llm = chat.bind_tools([search])
+
+    @art.rollout
+    async def agent(i: int):
+        messages = [HumanMessage(f"tool please {i}")]
+        while True:
+            if stream:
+                reply = None
+                async for chunk in llm.astream(messages):
+                    reply = chunk if reply is None else reply + chunk
+            else:
+                reply = await llm.ainvoke(messages)
+            messages.append(reply)
+            if not reply.tool_calls:
+                return reply.text
+            messages += [ToolMessage(search.invoke(tc["args"]), tool_call_id=tc["id"]) for tc in reply.tool_calls]
+
+    groups, received = await gather_counted(server, agent)
+    # LangChain keeps one HTTP client per base URL across event loops: closed with this test's
+    await chat._async_client.close()
+    _client_utils._get_default_async_httpx_client.cache_clear()
+    assert all(t.error is None for g in groups for t in g), [t.error for g in groups for t in g]
+    trajs = check(groups, received)
+    assert {r["api"] for r in received} == {"messages"}
+    assert all(c.provider == "anthropic" and c.stream == stream and c.choices[0].token_ids for t in trajs for c in t.calls)
+    assert all(t.outcome.startswith("done: ") for t in trajs)
+
+
 # -- smolagents -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -44,7 +44,8 @@ PATCHERS = {
                       ("artsdk.capture.openai:CHAT", "artsdk.capture.openai_responses:RESPONSES")),
     "litellm": Patcher("artsdk.capture.litellm_patch",
                        ("artsdk.capture.litellm:COMPLETION", "artsdk.capture.litellm_responses:RESPONSES")),
-    "anthropic": Patcher("artsdk.capture.anthropic_messages", ("artsdk.capture.anthropic_messages:MESSAGES",)),
+    "anthropic": Patcher("artsdk.capture.anthropic_messages", ("artsdk.capture.anthropic_messages:MESSAGES",
+                                                               "artsdk.capture.anthropic_messages:BETA_MESSAGES")),
     "dspy": Patcher("artsdk.capture.dspy"),
     # escaped calls, reported (sentinel.py), under every HTTP library an agent may reach a model through
     "httpx": Patcher("artsdk.capture.sentinel_httpx"),

@@ -1,6 +1,7 @@
 """Capture for the ``anthropic`` client's Messages API: ``messages.create`` (plain and
-``stream=True``) and ``messages.stream()`` on ``Anthropic`` and ``AsyncAnthropic``, through the
-raw-response wrappers too. The client is built like the openai one, so the machinery is
+``stream=True``) and ``messages.stream()`` on ``Anthropic`` and ``AsyncAnthropic``, and the same
+under ``client.beta.messages``, through the raw-response wrappers too (LangChain's
+``ChatAnthropic`` calls ``messages.with_raw_response.create``). The client is built like the openai one, so the machinery is
 ``openai_patch.py``; what is particular to the Messages API is here and in
 ``messages_record.py``.
 
@@ -12,6 +13,7 @@ replay -- when it is entered, so the call takes its place among the rollout's ca
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 from typing import Any, Callable
@@ -31,6 +33,12 @@ PROVIDER = "anthropic"
 
 def _classes() -> tuple[type, type]:
     from anthropic.resources.messages import AsyncMessages, Messages
+
+    return Messages, AsyncMessages
+
+
+def _beta_classes() -> tuple[type, type]:
+    from anthropic.resources.beta.messages import AsyncMessages, Messages
 
     return Messages, AsyncMessages
 
@@ -75,6 +83,8 @@ MESSAGES = API(provider=PROVIDER, path="messages", classes=_classes, methods=("c
                parse_body=_built_as("anthropic.types:Message"),
                parse_event=_built_as("anthropic.types:RawMessageStreamEvent"), replay=_replay,
                base_url=lambda url: url.rstrip("/").removesuffix("/v1"))  # its paths start with /v1
+# client.beta.messages: the same API with beta features switched on by name (``betas=[...]``)
+BETA_MESSAGES = dataclasses.replace(MESSAGES, path="beta.messages", classes=_beta_classes)
 
 
 def patch(module: Any, *apis: API) -> None:

@@ -71,9 +71,6 @@ def _how(path: str, library: str, headers: Optional[Mapping[str, Any]]) -> str:
         return "with the openai client's low-level request methods (client.post / client.request), which " \
                "artsdk does not record: use client.chat.completions.create or client.responses.create"
     if agent.startswith(("Anthropic/", "AsyncAnthropic/")):
-        if "/messages" in path:
-            return "with the anthropic client by a road artsdk does not record (its beta messages API, or the " \
-                   "low-level client.post): use client.messages.create or client.messages.stream"
-        return "with the anthropic client's low-level request methods, which artsdk does not record: use " \
-               "client.messages.create or client.messages.stream"
+        return "with the anthropic client's low-level request methods (client.post / client.request), which " \
+               "artsdk does not record: use client.messages.create or client.messages.stream"
     return f"through {library}, which artsdk does not patch"
