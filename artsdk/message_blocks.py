@@ -23,19 +23,14 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Optional
 
+from .response_items import as_item
+
 Block = dict[str, Any]
 
 _LEFT_OUT = ("thinking", "redacted_thinking")
 
 
-def as_block(x: Any) -> Block:
-    """A block, message or tool (dict or anthropic object) as a plain dict."""
-    if isinstance(x, dict):
-        return dict(x)
-    dump = getattr(x, "model_dump", None)
-    if dump is not None:
-        return dump(exclude_none=True)
-    return {"type": type(x).__name__, "value": str(x)}
+as_block = as_item  # a block, message or tool (dict or anthropic object) as a plain dict
 
 
 def blocks_of(content: Any) -> list[Block]:

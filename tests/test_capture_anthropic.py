@@ -39,7 +39,8 @@ def test_create_records_blocks_chat_view_and_tokens(sync_anthropic, server):
     @art.rollout
     def agent(q):
         m = sync.messages.create(model="m", max_tokens=50, system="Be brief.", stop_sequences=["zzz"],
-                                 messages=[{"role": "user", "content": [{"type": "text", "text": q}]}])
+                                 messages=[{"role": "user", "content": [{"type": "text", "text": q}]}],
+                                 extra_body={"temperature": 0.5})  # where anthropic 2.x takes it
         return m.content[0].text
 
     server.set_step(2)
@@ -53,7 +54,7 @@ def test_create_records_blocks_chat_view_and_tokens(sync_anthropic, server):
     assert call.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}]
     assert call.params["messages"] == [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]
     assert call.params["system"] == "Be brief." and call.params["stop_sequences"] == ["zzz"]
-    assert call.params["max_tokens"] == 50
+    assert call.params["max_tokens"] == 50 and call.params["temperature"] == 0.5  # what training scores at
     ch = call.choices[0]
     assert ch.message["content"] == "echo: hello" and ch.message["blocks"] == [{"type": "text", "text": "echo: hello"}]
     assert ch.message["stop_reason"] == "end_turn" and ch.finish_reason == "stop"

@@ -118,12 +118,33 @@ async def test_pydantic_ai_plain_and_streamed(server, pydantic_agent):
 
 # -- LangChain: chat completions, the Responses API, and streaming through raw responses ----
 
+def langchain_agent(llm, search, stream):
+    """LangChain's idiomatic tool loop over a chat model with ``search`` bound, as a rollout."""
+    from langchain_core.messages import HumanMessage, ToolMessage
+
+    @art.rollout
+    async def agent(i: int):
+        messages = [HumanMessage(f"tool please {i}")]
+        while True:
+            if stream:
+                reply = None
+                async for chunk in llm.astream(messages):
+                    reply = chunk if reply is None else reply + chunk
+            else:
+                reply = await llm.ainvoke(messages)
+            messages.append(reply)
+            if not reply.tool_calls:
+                return reply.text
+            messages += [ToolMessage(search.invoke(tc["args"]), tool_call_id=tc["id"]) for tc in reply.tool_calls]
+
+    return agent
+
+
 @pytest.mark.parametrize("options,stream", [({}, False), ({}, True), ({"include_response_headers": True}, True),
                                             ({"use_responses_api": True}, False),
                                             ({"use_responses_api": True}, True)])
 async def test_langchain_openai(server, options, stream):
     pytest.importorskip("langchain_openai")
-    from langchain_core.messages import HumanMessage, ToolMessage
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
 
@@ -139,20 +160,7 @@ async def test_langchain_openai(server, options, stream):
     llm = ChatOpenAI(model="m", base_url=server.base_url, api_key="k", http_async_client=http,
                      **options).bind_tools([search])
 
-    @art.rollout
-    async def agent(i: int):
-        messages = [HumanMessage(f"tool please {i}")]
-        while True:
-            if stream:
-                reply = None
-                async for chunk in llm.astream(messages):
-                    reply = chunk if reply is None else reply + chunk
-            else:
-                reply = await llm.ainvoke(messages)
-            messages.append(reply)
-            if not reply.tool_calls:
-                return reply.text
-            messages += [ToolMessage(search.invoke(tc["args"]), tool_call_id=tc["id"]) for tc in reply.tool_calls]
+    agent = langchain_agent(llm, search, stream)
 
     groups, received = await gather_counted(server, agent)
     await http.aclose()
@@ -166,7 +174,6 @@ async def test_langchain_openai(server, options, stream):
 async def test_langchain_anthropic(server, stream):
     pytest.importorskip("langchain_anthropic")
     from langchain_anthropic import ChatAnthropic
-    from langchain_core.messages import HumanMessage, ToolMessage
     from langchain_core.tools import tool
 
     @tool
@@ -180,20 +187,7 @@ async def test_langchain_anthropic(server, stream):
                          max_retries=0)
     llm = chat.bind_tools([search])
 
-    @art.rollout
-    async def agent(i: int):
-        messages = [HumanMessage(f"tool please {i}")]
-        while True:
-            if stream:
-                reply = None
-                async for chunk in llm.astream(messages):
-                    reply = chunk if reply is None else reply + chunk
-            else:
-                reply = await llm.ainvoke(messages)
-            messages.append(reply)
-            if not reply.tool_calls:
-                return reply.text
-            messages += [ToolMessage(search.invoke(tc["args"]), tool_call_id=tc["id"]) for tc in reply.tool_calls]
+    agent = langchain_agent(llm, search, stream)
 
     groups, received = await gather_counted(server, agent)
     # LangChain keeps one HTTP client per base URL across event loops: closed with this test's

@@ -104,7 +104,8 @@ ANY_TEXT = st.builds(lambda s, odd, at: s[:at] + odd + s[at:] if odd else s,
 
 def test_any_text_in_any_field_of_the_inference_routes_is_never_a_5xx(local_root):
     """Strings of every category (lone surrogates sent as "\\udXXX" escapes, control
-    characters) in the message content, names, tools and the Responses input."""
+    characters) in the message content, names, tools, the Responses input and the Messages
+    API's blocks."""
     statuses: Counter = Counter()
     with httpx.Client(base_url=local_root, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as c:
         @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
@@ -116,7 +117,14 @@ def test_any_text_in_any_field_of_the_inference_routes_is_never_a_5xx(local_root
                     "tools": [{"type": "function", "function": {"name": tool, "parameters": {}}}]}
             responses = {"model": "m", "max_output_tokens": 4, "stream": stream, "instructions": name,
                          "input": [{"role": "user", "content": content}]}
-            for path, body in (("/v1/chat/completions", chat), ("/v1/responses", responses)):
+            messages = {"model": "m", "max_tokens": 4, "stream": stream, "system": name, "tools": [
+                {"name": tool, "input_schema": {"type": "object"}}], "messages": [
+                {"role": "user", "content": [{"type": "text", "text": content}]},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": name, "name": tool, "input": {"q": content}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": name, "content": [
+                    {"type": "text", "text": content}, content]}]}]}
+            for path, body in (("/v1/chat/completions", chat), ("/v1/responses", responses),
+                               ("/v1/messages", messages)):
                 r = c.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
                 statuses[r.status_code] += 1
                 assert r.status_code < 500, (path, r.status_code, r.text[:300])

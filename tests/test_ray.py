@@ -99,6 +99,18 @@ async def test_two_replicas_and_two_ranks_run_the_loop(ray_instance, tmp_path, a
                                                                   max_output_tokens=3) for r in firsts))
             assert owners == {0, 1} and all(r.model == "m@2" for r in seconds)
             await raw.close()
+            # Anthropic's Messages API through the router: answers, streams, and errors in its shape
+            anthropic = pytest.importorskip("anthropic")
+            claude = anthropic.AsyncAnthropic(base_url=run.endpoint.base_url.removesuffix("/v1"),
+                                              api_key=run.endpoint.api_key, max_retries=0)
+            m = await claude.messages.create(model="m", max_tokens=3, messages=[{"role": "user", "content": "hi"}])
+            assert m.model == "m@2" and m.model_extra["token_ids"]
+            async with claude.messages.stream(model="m", max_tokens=3, messages=[{"role": "user", "content": "hi"}]) as s:
+                assert (await s.get_final_message()).model == "m@2"
+            with pytest.raises(anthropic.BadRequestError) as bad:
+                await claude.messages.create(model="nope", max_tokens=3, messages=[{"role": "user", "content": "x"}])
+            assert bad.value.body["error"]["type"] == "invalid_request_error" and "unknown model" in str(bad.value)
+            await claude.close()
 
             @art.rollout
             async def by_url() -> list:  # a client artsdk does not patch, sent to the rollout's URL on the router

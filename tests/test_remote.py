@@ -117,6 +117,38 @@ async def test_a_responses_agent_trains_through_the_server(serve, art_store):
     await be.close()
 
 
+async def test_an_anthropic_agent_trains_through_the_server(serve, art_store):
+    """An agent on the anthropic client, unchanged: its calls reach `artsdk serve`'s /v1/messages
+    (plain and streamed), token-exact, and the next step's are served by the new adapter."""
+    anthropic = pytest.importorskip("anthropic")
+    be = RemoteBackend(serve.url, api_key=KEY)
+    client = anthropic.AsyncAnthropic(api_key="unused", max_retries=0)
+
+    @art.rollout
+    async def say(i: int) -> str:
+        ask = {"model": "ra", "max_tokens": 6, "messages": [{"role": "user", "content": "hi"}]}
+        if i % 2:
+            async with client.messages.stream(**ask) as s:
+                return await s.get_final_text()
+        return "".join(b.text for b in (await client.messages.create(**ask)).content)
+
+    @art.reward
+    def word_300(t):
+        ids = t.calls[0].choices[0].token_ids
+        return sum(x == 300 for x in ids) / len(ids)
+
+    async with art.session(art.TrainableModel("ra", base_model="tiny"), backend=be) as run:
+        for step in range(2):
+            groups = await art.gather(say, range(2), group_size=4, rewards=[word_300])
+            calls = [t.calls[0] for g in groups for t in g]
+            assert {c.served_by for c in calls} == {f"ra@{step}"} and {c.stream for c in calls} == {False, True}
+            assert all(c.provider == "anthropic" and c.choices[0].trainable for c in calls)
+            result = await run.train(groups + groups_for("ra"))
+            assert result.trained and result.step == step + 1
+    await client.close()
+    await be.close()
+
+
 async def test_auth_validation_and_openapi(serve):
     r = httpx.get(serve.url + "/health")
     assert r.status_code == 200 and r.json()["api"] == "1"

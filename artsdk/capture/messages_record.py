@@ -20,6 +20,7 @@ from ..trajectory import Choice, LLMCall
 from .record import CUT, served_step
 
 _NOT_PARAMS = frozenset({"model", "stream", "extra_headers", "extra_query", "timeout", "output_format"})
+_SAMPLING = ("temperature", "top_p", "top_k")
 # the Messages API's stop reasons, as chat's finish reasons
 FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
           "pause_turn": "stop", "refusal": "content_filter"}
@@ -41,6 +42,10 @@ def messages_request(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]],
         elif k in ("tools", "system") and not isinstance(v, str):
             v = [as_block(x) for x in v]
         params[k] = v
+    extra = params.get("extra_body")
+    for k in _SAMPLING:  # anthropic 2.x takes sampling fields in extra_body: the training reads them here
+        if isinstance(extra, dict) and k in extra and k not in params:
+            params[k] = extra[k]
     messages = chat_messages(params.get("messages") or (), kwargs.get("system"))
     return str(kwargs.get("model", "")), messages, chat_tools(kwargs.get("tools")), params
 

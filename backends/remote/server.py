@@ -13,7 +13,8 @@ API (v1; the OpenAPI spec is at ``/openapi.json``, docs at ``/docs``):
     GET    /v1/art/models/{name}/checkpoints        steps on disk
     GET    /v1/art/models/{name}/checkpoints/{step} the checkpoint as a .tar.gz
     DELETE /v1/art/models/{name}/checkpoints/{step}
-    POST   /v1/chat/completions, GET /v1/models     OpenAI-compatible inference (local backend)
+    POST   /v1/chat/completions, /v1/responses,     OpenAI-compatible inference (local backend),
+           /v1/messages, GET /v1/models             and Anthropic's Messages API
 
 With an API key every route but ``/health`` needs ``Authorization: Bearer <key>``. A training
 submission carries a client-made ``request_id``: sending it again (after a dropped
