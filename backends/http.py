@@ -32,8 +32,9 @@ _ANTHROPIC_KINDS = {400: "invalid_request_error", 401: "authentication_error", 4
 def error(status: int, message: str, param: Optional[str] = None,
           kind: str = "invalid_request_error", path: str = "") -> JSONResponse:
     """An error body in the shape of the API ``path`` belongs to: Anthropic's
-    (``{"type": "error", "error": {"type", "message"}}``) for ``/v1/messages``, OpenAI's otherwise."""
-    if path.rstrip("/").endswith("/v1/messages"):
+    (``{"type": "error", "error": {"type", "message"}}``) for ``/v1/messages`` (and its
+    ``count_tokens``), OpenAI's otherwise."""
+    if path.rstrip("/").endswith(("/v1/messages", "/v1/messages/count_tokens")):
         return JSONResponse({"type": "error", "error": {"type": _ANTHROPIC_KINDS.get(status, "api_error"),
                                                         "message": message}}, status_code=status)
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},

@@ -50,6 +50,9 @@ async def test_answers_are_token_exact_and_streams_match(served):
     prompt = model.chat.prompt_ids([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}])
     assert m.model_extra["prompt_token_ids"] == prompt
     assert (m.usage.input_tokens, m.usage.output_tokens) == (len(prompt), len(ids))
+    counted = await client.messages.count_tokens(model="r", system="Be brief.",
+                                                 messages=[{"role": "user", "content": "hello"}])
+    assert counted.input_tokens == len(prompt)  # the prompt the model would read, as the template renders it
     # the same seed, streamed: the same tokens, as Anthropic's events in Anthropic's order
     stream = await client.messages.create(**ask, stream=True)
     events = [e async for e in stream]

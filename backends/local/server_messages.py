@@ -16,7 +16,8 @@ accepted and left out of the prompt), ``system`` (text or text blocks), custom `
 (``tool_choice`` ``{"type": "none"}`` hides them), ``max_tokens`` (required, as Anthropic's),
 ``temperature`` (0 to 1), ``top_p``, ``stop_sequences``, ``stream`` (Anthropic's event
 sequence). Beyond Anthropic's fields: ``seed``. Errors come in Anthropic's shape
-(``{"type": "error", "error": {...}}``, ``backends/http.py``).
+(``{"type": "error", "error": {...}}``, ``backends/http.py``). ``POST /v1/messages/count_tokens``
+counts a request's prompt as this model's chat template renders it.
 """
 
 from __future__ import annotations
@@ -57,6 +58,18 @@ class MessageParam(BaseModel):
         return v
 
 
+class CountTokensRequest(BaseModel):
+    """What ``/v1/messages/count_tokens`` reads of a Messages request."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1, max_length=256)
+    messages: list[MessageParam] = Field(min_length=1)
+    system: Optional[Union[str, list[dict[str, Any]]]] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[dict[str, Any]] = None
+
+
 class MessagesRequest(BaseModel):
     """A Messages API request. Sampling fields are checked here, as for chat requests."""
 
@@ -91,20 +104,32 @@ class MessagesRequest(BaseModel):
         return v
 
 
+def _conversation(served: ServedModel, body: Union[MessagesRequest, CountTokensRequest]) -> tuple[
+        list[dict[str, Any]], Optional[list[dict[str, Any]]]]:
+    """(the chat view of the request's system and messages, its tools in chat form)."""
+    tools = _custom_tools(body.tools) if (body.tool_choice or {}).get("type") != "none" else None
+    if len(body.messages) > served.context_length:  # before converting them all
+        raise BadRequest(f"messages has {len(body.messages)} entries, more than the model's context of "
+                         f"{served.context_length} tokens could hold; shorten it", "messages")
+    try:
+        return chat_messages([m.model_dump() for m in body.messages], body.system), tools
+    except (AttributeError, TypeError, ValueError):
+        raise BadRequest("system must be text or a list of text blocks", "system") from None
+
+
 def add_messages_routes(app: FastAPI, models: Callable[[], dict[str, ServedModel]], record: EndpointRecord) -> None:
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(body: CountTokensRequest) -> dict[str, int]:
+        served, _ = resolve(models(), body.model)
+        conversation, tools = _conversation(served, body)
+        req = await prepare(served, conversation, tools, "messages", max_tokens=1)
+        return {"input_tokens": len(req.prompt)}
+
     @app.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request) -> Any:
         t0 = time.perf_counter()
         served, step = resolve(models(), body.model)
-        tools = _custom_tools(body.tools) if (body.tool_choice or {}).get("type") != "none" else None
-        if len(body.messages) > served.context_length:  # before converting them all
-            raise BadRequest(f"messages has {len(body.messages)} entries, more than the model's context of "
-                             f"{served.context_length} tokens could hold; shorten it", "messages")
-        sent = [m.model_dump() for m in body.messages]
-        try:
-            conversation = chat_messages(sent, body.system)
-        except (AttributeError, TypeError, ValueError):
-            raise BadRequest("system must be text or a list of text blocks", "system") from None
+        conversation, tools = _conversation(served, body)
         stops = list(body.stop_sequences or [])
         req = await prepare(served, conversation, tools, "messages", max_tokens=body.max_tokens,
                             temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=stops)
