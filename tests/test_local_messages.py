@@ -161,15 +161,19 @@ async def test_errors_come_in_anthropics_shape_and_the_key_is_checked(served):
 
 # -- an agent on the anthropic client, trained through a session -----------------------------
 
-def tool_call_first(served):
-    """The untrained tiny model does not write tool calls: its first answer offered tools is read
-    as one (a model taught to call tools writes real ones in test_tool_calls); the rest is text."""
-    calls = [CALL]
-    served.chat.parse = lambda text, tools, parse=served.chat.parse: (
-        ("Looking it up.", [calls.pop()]) if tools and calls else parse(text, tools))
+def calls_the_tool(served):
+    """The untrained tiny model does not write tool calls: its answers offered tools are read as
+    its text and a call (a model taught to call tools writes real ones in test_tool_calls)."""
+    served.chat.parse = lambda text, tools, parse=served.chat.parse: (text, [CALL]) if tools else parse(text, tools)
 
 
-async def test_a_tool_using_agent_is_recorded_token_exact_and_replays(tmp_path, art_store):
+@art.reward
+def first_token(t: art.Trajectory) -> float:
+    """Differs between samples: the group has something to learn from."""
+    return float(t.calls[0].choices[0].token_ids[0] % 7)
+
+
+async def test_a_tool_using_agent_trains_token_exact_and_replays(tmp_path, art_store):
     be = LocalBackend(device="cpu", home=str(tmp_path / "home"))
     model = art.TrainableModel("claude-ish", base_model="tiny")
     # built for Anthropic's own API: in the session its calls naming the model go to the backend
@@ -177,38 +181,46 @@ async def test_a_tool_using_agent_is_recorded_token_exact_and_replays(tmp_path, 
 
     @art.rollout
     async def agent(word: str) -> str:
+        """An agent loop: answers as a Message, as a stream() helper, as raw stream events."""
+        ask = {"model": "claude-ish", "system": "Use the tool.", "tools": LOOKUP, "max_tokens": 6}
         messages = [{"role": "user", "content": f"What does {word} mean?"}]
-        first = await client.messages.create(model="claude-ish", system="Use the tool.", tools=LOOKUP,
-                                             messages=messages, max_tokens=6)
-        use = next(b for b in first.content if b.type == "tool_use")
-        messages += [{"role": "assistant", "content": first.content},
-                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
-                                                   "content": f"{use.input['word']} means 42"}]}]
-        async with client.messages.stream(model="claude-ish", system="Use the tool.", tools=LOOKUP,
-                                          messages=messages, max_tokens=6) as stream:
-            second = await stream.get_final_message()
-        messages += [{"role": "assistant", "content": second.content}, {"role": "user", "content": "So?"}]
-        third = await client.messages.create(model="claude-ish", system="Use the tool.", tools=LOOKUP,
-                                             messages=messages, max_tokens=6, stream=True)
-        text = "".join([e.delta.text async for e in third if e.type == "content_block_delta"])
-        return f"{use.input['word']}: {text}"
+        for turn in range(3):
+            if turn == 0:
+                blocks = (await client.messages.create(**ask, messages=messages)).content
+            elif turn == 1:
+                async with client.messages.stream(**ask, messages=messages) as stream:
+                    blocks = (await stream.get_final_message()).content
+            else:
+                events = await client.messages.create(**ask, messages=messages, stream=True)
+                text = [e.delta.text async for e in events if e.type == "content_block_delta"
+                        and e.delta.type == "text_delta"]
+                return f"{word}: {''.join(text)}"
+            uses = [b for b in blocks if b.type == "tool_use"]
+            messages += [{"role": "assistant", "content": blocks},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": u.id,
+                                                       "content": f"{u.input['word']} means 42"} for u in uses]}]
 
-    async with art.session(model, backend=be):
-        tool_call_first(be.models["claude-ish"])
-        t = await agent.collect("x")
-    assert t.error is None and t.warnings == []
+    async with art.session(model, backend=be) as run:
+        calls_the_tool(be.models["claude-ish"])
+        (group,) = await art.gather(agent, ["x"], group_size=4, rewards=[first_token])
+        result = await run.train([group])
+        assert result.trained and result.groups_trained == 1 and result.step == 1
+        later = await agent.collect("y")
+    assert {c.served_by for c in later.calls} == {"claude-ish@1"}  # the next calls: the new adapter
+    t = group.trajectories[0]
+    assert t.error is None and t.warnings == [] and t.outcome == "x: " + (t.calls[2].message["content"] or "")
     first, second, third = t.calls
     assert [c.provider for c in t.calls] == ["anthropic"] * 3 and [c.stream for c in t.calls] == [False, True, True]
     assert {c.served_by for c in t.calls} == {"claude-ish@0"} and all(c.choices[0].trainable for c in t.calls)
     # the blocks as sent and received, and the chat view the rest of artsdk reads
-    assert [b["type"] for b in first.choices[0].message["blocks"]] == ["text", "tool_use"]
-    assert first.choices[0].finish_reason == "tool_calls" and first.choices[0].message["stop_reason"] == "tool_use"
+    for call in t.calls:
+        assert [b["type"] for b in call.choices[0].message["blocks"]] == ["text", "tool_use"]
+        assert call.choices[0].finish_reason == "tool_calls" and call.choices[0].message["stop_reason"] == "tool_use"
     assert first.choices[0].message["tool_calls"][0]["function"]["name"] == "lookup"
     assert second.params["messages"][2]["content"][0]["type"] == "tool_result"
     assert [m["role"] for m in second.messages] == ["system", "user", "assistant", "tool"]
     assert second.messages[3] == {"role": "tool", "tool_call_id": "toolu_1", "content": "x means 42"}
     assert second.tools[0]["function"]["parameters"] == LOOKUP[0]["input_schema"]
-    assert t.outcome == "x: " + third.choices[0].message["content"]
     # each prompt carries the earlier turns as the tokens sampled for them: the whole
     # conversation is one training sequence whose trained tokens are exactly those sampled
     policy = be.models["claude-ish"]
