@@ -35,8 +35,8 @@ def backend(tmp_path, **options):
     from backends.ray import RayBackend
 
     return RayBackend(device="cpu", dtype="float32", home=str(tmp_path / "home"), health_interval_s=0.5,
-                      replica_resources={"replica_slot": 1}, trainer_resources={"trainer_slot": 1},
-                      **{"replicas": 2, "trainers": 1, **options})
+                      **{"replicas": 2, "trainers": 1, "replica_resources": {"replica_slot": 1},
+                         "trainer_resources": {"trainer_slot": 1}, **options})
 
 
 async def wait_until(check, seconds=180.0):
@@ -118,3 +118,35 @@ async def test_a_trainer_rank_killed_during_a_step(cluster, tmp_path):
         assert (await be.train(model, small)).step == 2 and be.checkpoint_steps(model) == [1, 2]
     finally:
         await be.close()
+
+
+async def test_a_lost_rank_with_no_room_to_start_again_is_a_backend_error_until_a_node_is_added(cluster, tmp_path):
+    """Two ranks, each on a node of its own; one node goes and no other has room for a rank: the
+    step is abandoned with a BackendError naming what the cluster lacks, and so is every step
+    after it (never a bare error from inside), until a node with room is added -- then the
+    ranks are placed again, from the last checkpoint, and training goes on."""
+    from tests.test_ray import _served_tiny
+    from tests.test_trust_region import batch
+
+    c, _ = cluster
+    rooms = [c.add_node(num_cpus=1, resources={"rank_room": 1}) for _ in range(2)]
+    be = backend(tmp_path, replicas=1, trainers=2, trainer_resources={"rank_room": 1}, placement="STRICT_SPREAD",
+                 wait_s=10.0)
+    model = art.TrainableModel("m", base_model="tiny", project="p")
+    small = batch(await _served_tiny(tmp_path), groups=2, size=4)
+    try:
+        await be.register(model)
+        assert (await be.train(model, small)).step == 1
+        c.remove_node(rooms[1])
+        with pytest.raises(art.BackendError, match=r"failed during step 2 .*could not start again: the cluster could "
+                                                   r"not place 2 trainer rank\(s\) of .*rank_room"):
+            await be.train(model, small)
+        with pytest.raises(art.BackendError, match=r"could not place 2 trainer rank\(s\) of .*'rank_room': 1"):
+            await be.train(model, small)  # still no room: said again, by name
+        rooms[1] = c.add_node(num_cpus=1, resources={"rank_room": 1})
+        assert (await be.train(model, small)).step == 2 and be.checkpoint_steps(model) == [1, 2]
+    finally:
+        await be.close()
+        for node in rooms:
+            if node in c.list_all_nodes():
+                c.remove_node(node)

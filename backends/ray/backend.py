@@ -311,6 +311,8 @@ class Deployment:
         import ray
 
         async with self._step_lock:
+            if not self.ranks:  # a lost rank found no room when they started again: place them now
+                await self.start_trainers()  # BackendError naming what the cluster lacks, until a node has it
             step = self.step + 1
             ref = ray.put(data)
             t0 = time.perf_counter()
@@ -357,7 +359,13 @@ class Deployment:
         why = str(_cause(lost)).strip().splitlines()[0][:300] if lost is not None else "it stopped answering"
         log.warning("%s: trainer rank %s failed during step %d (%s); starting the ranks again from step %d",
                     self.spec.name, rank, step, why, self.step)
-        await self._restart_trainers()
+        try:
+            await self._restart_trainers()
+        except BackendError as e:
+            raise BackendError(f"trainer rank {rank} of {self.spec.name!r} failed during step {step} ({why}); the "
+                               f"step was abandoned -- no checkpoint written, nothing served -- and the ranks could "
+                               f"not start again: {e}. Add a node with those resources and train again: the ranks "
+                               f"are placed then, from step {self.step}") from None
         raise BackendError(f"trainer rank {rank} of {self.spec.name!r} failed during step {step} ({why}); the step "
                            f"was abandoned -- no checkpoint written, nothing served -- and the ranks started again "
                            f"from step {self.step}: train again to go on")
