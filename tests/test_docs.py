@@ -30,7 +30,7 @@ def reader_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-SLOW = {"your-agent.md": 900, "scale.md": 600}  # train SmolLM2 for a few steps: minutes, twice
+SLOW = {"your-agent.md": 1500, "scale.md": 600}  # train SmolLM2 for a few steps: minutes, twice
 
 
 @pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.timeout(SLOW.get(p.name, 300))) for p in PAGES],
