@@ -17,7 +17,7 @@ from typing import Any, Iterable, Optional
 
 from ..message_blocks import as_block, assistant_message, blocks_of, chat_messages, chat_tools
 from ..trajectory import Choice, LLMCall
-from .record import CUT, served_step
+from .record import CUT, extra_field, given, served_step
 
 _NOT_PARAMS = frozenset({"model", "stream", "extra_headers", "extra_query", "timeout", "output_format"})
 _SAMPLING = ("temperature", "top_p", "top_k")
@@ -26,16 +26,12 @@ FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "
           "pause_turn": "stop", "refusal": "content_filter"}
 
 
-def _given(v: Any) -> bool:
-    return type(v).__name__ not in ("Omit", "NotGiven")
-
-
 def messages_request(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]], Any, dict[str, Any]]:
     """(model, chat messages, chat tools, params) of a ``messages.create`` call; params keep
     the request's own fields as sent (blocks included)."""
     params: dict[str, Any] = {}
     for k, v in kwargs.items():
-        if k in _NOT_PARAMS or not _given(v) or v is None:
+        if k in _NOT_PARAMS or not given(v) or v is None:
             continue
         if k == "messages":
             v = [{**as_block(m), "content": blocks_of(as_block(m).get("content"))} for m in v]
@@ -48,14 +44,6 @@ def messages_request(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]],
             params[k] = extra[k]
     messages = chat_messages(params.get("messages") or (), kwargs.get("system"))
     return str(kwargs.get("model", "")), messages, chat_tools(kwargs.get("tools")), params
-
-
-def _extra(obj: Any, key: str) -> Any:
-    """A field a server added to the Message (artsdk's backends add token ids)."""
-    if isinstance(obj, dict):
-        return obj.get(key)
-    extra = getattr(obj, "__pydantic_extra__", None)
-    return extra.get(key) if extra is not None else getattr(obj, key, None)
 
 
 def _choice(blocks: list[dict[str, Any]], message_id: Any, stop_reason: Any, token_ids: Any = None,
@@ -82,11 +70,11 @@ def from_response(provider: str, kwargs: dict[str, Any], resp: Any, latency: flo
     served_by = getattr(resp, "model", None)
     blocks = [as_block(b) for b in (getattr(resp, "content", None) or ())]
     choice = _choice(blocks, getattr(resp, "id", None), getattr(resp, "stop_reason", None),
-                     _extra(resp, "token_ids"), _extra(resp, "logprobs"))
+                     extra_field(resp, "token_ids"), extra_field(resp, "logprobs"))
     return LLMCall(provider=provider, model=model, messages=messages, tools=tools, params=params,
                    choices=[choice], served_by=served_by, step=served_step(served_by),
                    usage=_usage(getattr(resp, "usage", None)), latency=latency, stream=stream,
-                   prompt_token_ids=_extra(resp, "prompt_token_ids"))
+                   prompt_token_ids=extra_field(resp, "prompt_token_ids"))
 
 
 class MessagesStreamAccumulator:
@@ -110,7 +98,7 @@ class MessagesStreamAccumulator:
         if kind == "message_start":
             message = event.message
             self.start = {"id": getattr(message, "id", None), "model": getattr(message, "model", None),
-                          "prompt_token_ids": _extra(message, "prompt_token_ids")}
+                          "prompt_token_ids": extra_field(message, "prompt_token_ids")}
             usage = _usage(getattr(message, "usage", None)) or {}
             self.usage.update({k: v for k, v in usage.items() if v is not None})
         elif kind == "content_block_start":
@@ -132,8 +120,8 @@ class MessagesStreamAccumulator:
             done = getattr(usage, "output_tokens", None) if usage is not None else None
             if done is not None:
                 self.usage["completion_tokens"] = done
-            self.token_ids = _extra(event, "token_ids") or self.token_ids
-            self.logprobs = _extra(event, "logprobs") or self.logprobs
+            self.token_ids = extra_field(event, "token_ids") or self.token_ids
+            self.logprobs = extra_field(event, "logprobs") or self.logprobs
         elif kind == "message_stop":
             self.stopped = True
 

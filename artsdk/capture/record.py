@@ -28,13 +28,13 @@ def request_parts(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]], An
     to its message list later does not rewrite history."""
     messages = copied(kwargs.get("messages") or ())
     tools = kwargs.get("tools")
-    if tools is not None and not _given(tools):
+    if tools is not None and not given(tools):
         tools = None
     if tools is not None:
         tools = [as_message(t) for t in tools]
     params = {}
     for k, v in kwargs.items():
-        if k in _NOT_PARAMS or not _given(v):
+        if k in _NOT_PARAMS or not given(v):
             continue
         if isinstance(v, type):  # response_format=SomeModel in .parse(): the JSON schema that was sent
             v = response_format_sent(v)
@@ -75,9 +75,19 @@ def response_format_sent(cls: type) -> Any:
             f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _given(v: Any) -> bool:
-    # openai's Omit / NotGiven sentinels mean "argument not passed"
+def given(v: Any) -> bool:
+    """False for the clients' Omit / NotGiven sentinels (openai's and anthropic's): "argument not passed"."""
     return type(v).__name__ not in ("Omit", "NotGiven")
+
+
+def extra_field(obj: Any, key: str) -> Any:
+    """A field a server added to a response object (artsdk's backends add token ids)."""
+    if isinstance(obj, dict):
+        return obj.get(key)
+    extra = getattr(obj, "__pydantic_extra__", None)
+    if extra is not None:
+        return extra.get(key)
+    return getattr(obj, key, None)  # litellm's objects keep extra fields as attributes
 
 
 def served_step(served_by: Optional[str]) -> Optional[int]:

@@ -16,14 +16,10 @@ from typing import Any, Iterable, Optional
 
 from ..response_items import as_item, assistant_message, chat_messages, chat_tools, items_of
 from ..trajectory import Choice, LLMCall
-from .record import CUT, response_format_sent, served_step
+from .record import CUT, extra_field, given, response_format_sent, served_step
 
 _NOT_PARAMS = frozenset({"model", "stream", "extra_headers", "extra_query", "timeout", "api_key", "api_base",
                          "base_url", "client", "http_client", "text_format"})
-
-
-def _given(v: Any) -> bool:
-    return type(v).__name__ not in ("Omit", "NotGiven")
 
 
 def responses_request(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]], Any, dict[str, Any]]:
@@ -34,7 +30,7 @@ def responses_request(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]]
     items = items_of(kwargs.get("input"))
     params: dict[str, Any] = {}
     for k, v in kwargs.items():
-        if k in _NOT_PARAMS or not _given(v) or v is None:
+        if k in _NOT_PARAMS or not given(v) or v is None:
             continue
         if k == "input":
             v = items
@@ -44,7 +40,7 @@ def responses_request(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]]
             v = response_format_sent(v)
         params[k] = v
     tf = kwargs.get("text_format")
-    if tf is not None and _given(tf):  # .parse(text_format=Model): the format the client sends, its schema
+    if tf is not None and given(tf):  # .parse(text_format=Model): the format the client sends, its schema
         params["text"] = {**(params.get("text") or {}), "format": _text_format_sent(tf)}
     messages = chat_messages(items, instructions)
     return str(kwargs.get("model", "")), messages, chat_tools(kwargs.get("tools")), params
@@ -60,16 +56,6 @@ def _text_format_sent(cls: type) -> Any:
         return {"type": "json_schema", **sent["json_schema"]} if isinstance(sent, dict) else sent
 
 
-def _extra(obj: Any, key: str) -> Any:
-    """A field a server added to the response (artsdk's backends add token ids)."""
-    if isinstance(obj, dict):
-        return obj.get(key)
-    extra = getattr(obj, "__pydantic_extra__", None)
-    if extra is not None:
-        return extra.get(key)
-    return getattr(obj, key, None)  # litellm's objects keep extra fields as attributes
-
-
 def _choice(resp: Any) -> Choice:
     output = [as_item(i) for i in (getattr(resp, "output", None) or ())]
     message = assistant_message(output)
@@ -83,7 +69,7 @@ def _choice(resp: Any) -> Choice:
         finish = "length"
     else:
         finish = "stop" if status in (None, "completed") else status
-    token_ids, logprobs = _extra(resp, "token_ids"), _extra(resp, "logprobs")
+    token_ids, logprobs = extra_field(resp, "token_ids"), extra_field(resp, "logprobs")
     return Choice(index=0, message=message, finish_reason=finish,
                   token_ids=list(token_ids) if token_ids else None, logprobs=list(logprobs) if logprobs else None)
 
@@ -105,7 +91,7 @@ def from_response(provider: str, kwargs: dict[str, Any], resp: Any, latency: flo
     return LLMCall(provider=provider, model=model, messages=messages, tools=tools, params=params,
                    choices=[_choice(resp)], served_by=served_by, step=served_step(served_by),
                    usage=_usage(resp), latency=latency, stream=stream,
-                   prompt_token_ids=_extra(resp, "prompt_token_ids"))
+                   prompt_token_ids=extra_field(resp, "prompt_token_ids"))
 
 
 class ResponsesStreamAccumulator:
