@@ -1,7 +1,9 @@
 """A training step over two torch.distributed ranks (gloo, two processes) is the step one
 process makes: the same loss, gradient norm, clip figures and adapter afterwards, for each kind
 of loss (several mini-batches and epochs, so the old-policy pass and the clip act; GSPO with
-trajectories spanning rows, whose means are taken over both ranks; a KL term) and for SFT."""
+trajectories spanning rows, whose means are taken over both ranks; a KL term) and for SFT --
+each rank holding the whole model, or with the model sharded over the two (FSDP: each holds
+half of every weight, and its checkpoint state gathers and scatters back whole)."""
 
 import json
 import os
@@ -13,10 +15,11 @@ import torch
 
 import artsdk as art
 from artsdk.testing import trajectory
+from backends.local import fsdp
 from backends.local.policy import Policy
 from backends.local.shard import Shard
 from backends.local.sft import SFTConfig, sft_step
-from backends.local.trainer import TrainConfig, train_step
+from backends.local.trainer import Row, TrainConfig, train_step
 
 CACHE = Path(os.environ.get("ARTSDK_CACHE") or Path.home() / ".cache" / "artsdk")
 CASES = {
@@ -58,6 +61,8 @@ def step(case: str, shard: Shard) -> dict:
                                               **{k: v for k, v in settings.items() if k != "sft"}})
     policy = Policy(art.TrainableModel("dist", base_model="tiny"), cache=CACHE, device="cpu", dtype=torch.float32,
                     train_config=train)
+    if shard.sharded:
+        fsdp.shard(policy, "cpu")
     for g in policy.optimizer.param_groups:
         g["lr"] = train.learning_rate
     tk = policy.tokenizing(0)
@@ -70,20 +75,48 @@ def step(case: str, shard: Shard) -> dict:
     else:
         metrics = train_step(policy.model, policy.optimizer, groups(policy), train, tk, device="cpu",
                              reference=policy.model.disable_adapter, shard=shard)
-    adapter = torch.cat([p.detach().flatten() for n, p in policy.model.named_parameters() if ".policy." in n])
-    return {"metrics": metrics, "adapter": adapter.tolist()}
+    result = {"metrics": metrics, "adapter": adapter_of(policy), **fsdp.held(policy.model)}
+    if shard.sharded:  # the checkpoint's state, gathered whole, scattered into a fresh sharded model
+        weights, state = fsdp.gather(policy.model, policy.optimizer)
+        fresh = Policy(art.TrainableModel("dist", base_model="tiny"), cache=CACHE, device="cpu", dtype=torch.float32,
+                       train_config=TrainConfig(seed=1))
+        fsdp.shard(fresh, "cpu")
+        assert adapter_of(fresh) != result["adapter"]
+        fsdp.scatter(fresh.model, fresh.optimizer, weights, state)
+        weights2, state2 = fsdp.gather(fresh.model, fresh.optimizer)
+        result["round_trip"] = (all(torch.equal(weights[k], weights2[k]) for k in weights) and weights.keys() == weights2.keys()
+                                and all(torch.equal(v, state2["state"][i][k]) for i, s in state["state"].items()
+                                        for k, v in s.items()))
+        result["optimizer_entries"] = len(state["state"])
+    return result
 
 
-def rank_main(rank: int, world: int, port: int, case: str, out: str) -> None:
+def adapter_of(policy: Policy) -> list[float]:
+    """The adapter's weights, whole (gathered from the ranks when sharded), in a fixed order."""
+    weights, _ = fsdp.gather(policy.model, policy.optimizer)
+    return torch.cat([weights[k].flatten() for k in sorted(weights)]).tolist()
+
+
+def rank_main(rank: int, world: int, port: int, case: str, out: str, sharded: bool = False) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    ghosts = 0
+    make_ghost = Row.as_ghost
+
+    def counted(row: Row) -> Row:  # how many turns of the lockstep were a ghost's
+        nonlocal ghosts
+        ghosts += 1
+        return make_ghost(row)
+
+    Row.as_ghost = counted
     try:
-        result = step(case, Shard(rank, world))
+        result = step(case, Shard(rank, world, sharded=sharded))
     finally:
+        Row.as_ghost = make_ghost
         dist.destroy_process_group()
-    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    Path(out, f"rank{rank}.json").write_text(json.dumps({**result, "ghosts": ghosts}))
 
 
 def free_port() -> int:
@@ -123,4 +156,35 @@ def step_zero_adapter() -> list[float]:
     torch.manual_seed(0)
     policy = Policy(art.TrainableModel("dist", base_model="tiny"), cache=CACHE, device="cpu", dtype=torch.float32,
                     train_config=TrainConfig())
-    return torch.cat([p.detach().flatten() for n, p in policy.model.named_parameters() if ".policy." in n]).tolist()
+    return adapter_of(policy)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_sharded_ranks_make_the_step_one_process_makes(case, tmp_path):
+    """FSDP over two ranks: each holds about half of the model, and the step is the one-process
+    step -- loss and gradient norm within 1e-5, the adapter up to float noise."""
+    import torch.multiprocessing as mp
+
+    alone = step(case, Shard())
+    mp.spawn(rank_main, args=(2, free_port(), case, str(tmp_path), True), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert alone["rank_params_fraction"] == 1.0
+    for r in ranks:
+        assert 0.45 < r["rank_params_fraction"] <= 0.55, r["rank_params_fraction"]
+        assert r["round_trip"] and r["optimizer_entries"] > 0
+    assert ranks[0]["adapter"] == ranks[1]["adapter"]  # gathered whole, the same on both
+    one, two, start = torch.tensor(alone["adapter"]), torch.tensor(ranks[0]["adapter"]), torch.tensor(step_zero_adapter())
+    moved, apart = (one - start).abs(), (one - two).abs()
+    assert moved.max() > 1e-3
+    assert apart.mean() < 1e-4 * moved.mean() and apart.max() < 1e-2 * moved.max(), (float(apart.mean()),
+                                                                                      float(moved.mean()))
+    m1, m2 = alone["metrics"], ranks[0]["metrics"]
+    for k in ("loss", "grad_norm"):
+        assert m2[k] == pytest.approx(m1[k], rel=1e-5, abs=1e-6), (k, m1[k], m2[k])
+    keys = ["tokens_trained", "updates", "rows"] + (
+        [] if "sft" in CASES[case] else ["clip_fraction", "ratio_mean", "kl", "logprob_mismatch", "is_weight_mean"])
+    for k in keys:
+        assert m2[k] == pytest.approx(m1[k], rel=1e-4, abs=1e-6), (k, m1[k], m2[k])
+    assert ranks[0]["ghosts"] == 0  # rank 0 is dealt the odd row of a mini-batch
+    if case != "gspo, trajectories spanning rows":  # (its mini-batches are 24 rows each; the others have odd ones)
+        assert ranks[1]["ghosts"] > 0  # rank 1 took ghost turns, and the step is still the same

@@ -24,7 +24,7 @@ from artsdk.trajectory import Trajectory
 from .attention import packed_attention
 from .batch import Segment, Tokenizing, minibatches, pack, segments, weigh
 from .shard import ALONE, Shard
-from .trainer import Row, _check, _counting, _release_memory, _Snapshot
+from .trainer import Row, _check, _counting, _release_memory, _Snapshot, my_rows, norm_value
 
 
 @dataclass
@@ -113,25 +113,26 @@ def sft_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequenc
     losses, norms, tokens = [], [], 0.0
     if cfg.gradient_checkpointing:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    between = _counting(between, progress, cfg.epochs * sum(len(shard.mine(b)) for b in batches))
+    mine = [my_rows(shard, b) for b in batches]
+    between = _counting(between, progress, cfg.epochs * sum(len(m) for m in mine))
     try:
         with packed_attention(model):
             for epoch in range(cfg.epochs):
-                for batch in batches:
+                for batch, rows in zip(batches, mine):
                     optimizer.zero_grad(set_to_none=True)
                     loss_sum = 0.0
-                    for row in shard.mine(batch):
+                    for row in rows:
                         _check(stop, between)
-                        if len(row.keep) == 0:
+                        if len(row.keep) == 0 and not row.ghost:
                             continue
-                        loss = -(row.logprobs(model) * row.weight).sum()
+                        loss = -(row.logprobs(model) * row.weight).sum() * (0.0 if row.ghost else 1.0)
                         loss.backward()
                         loss_sum += float(loss.detach())
                     tokens += sum(len(row.keep) for row in batch) if epoch == 0 else 0
                     _check(stop)
                     shard.sum_grads(params)
                     loss_sum = shard.sum([loss_sum])[0]
-                    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                    grad_norm = norm_value(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
                     if not math.isfinite(loss_sum) or not torch.isfinite(grad_norm):
                         raise TrainingError(f"the SFT loss ({loss_sum}) or gradient norm ({float(grad_norm)}) is not "
                                             f"finite; the step was abandoned and no weight moved")

@@ -4,6 +4,11 @@ ranks before the clip and the optimizer step. The loss weights are already those
 mini-batch (batch.weigh), so the sum of the ranks' gradients is the single-process gradient
 and N ranks make the step one process makes (up to the order of float additions).
 
+With ``sharded`` weights (FSDP, fsdp.py) every forward and backward pass is a collective (each
+rank gathers the layers' weights from the others as it goes), so the ranks take their turns in
+lockstep -- a rank short of rows in a mini-batch takes a turn that adds nothing -- and the
+gradients arrive already summed.
+
 One process is ``ALONE``: every row its own, every sum itself.
 """
 
@@ -23,16 +28,22 @@ class Shard:
 
     rank: int = 0
     world: int = 1
+    sharded: bool = False  # the model's weights are spread over the ranks (fsdp.py)
 
     def mine(self, rows: Sequence[T]) -> list[T]:
         """This rank's share of one mini-batch's rows (they are sorted longest first, so dealing
         them out in turn balances the work)."""
         return list(rows[self.rank::self.world])
 
+    def turns(self, rows: Sequence[T]) -> int:
+        """How many passes this rank makes over one mini-batch: its own rows, or with sharded
+        weights as many as the rank with the most (every pass is a collective)."""
+        return -(-len(rows) // self.world) if self.sharded else len(self.mine(rows))
+
     def sum_grads(self, params: Sequence[torch.Tensor]) -> None:
         """Each parameter's gradient summed over ranks, in place (a rank that had no row of
-        this mini-batch adds zeros)."""
-        if self.world == 1:
+        this mini-batch adds zeros). Sharded weights' gradients were summed by their backward."""
+        if self.world == 1 or self.sharded:
             return
         import torch.distributed as dist
 

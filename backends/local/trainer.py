@@ -161,7 +161,10 @@ class Row:
     """One packed row as tensors, built once and used by every pass over it: the token ids and
     positions, the trained positions (``keep``) and, per trained token, its sampler logprob,
     temperature, advantage, weight and trajectory; the old policy's logprobs (``old``) and the
-    reference model's (``ref``) once computed."""
+    reference model's (``ref``) once computed. A ``ghost`` is a copy that takes a rank's turn
+    when the weights are sharded (``my_rows``): the same passes, nothing added to the step."""
+
+    ghost = False
 
     def __init__(self, segs: list[Segment], device: str) -> None:
         ids, pos, trained, sampler, temp, adv, w, unit = [], [], [], [], [], [], [], []
@@ -189,6 +192,33 @@ class Row:
 
     def logprobs(self, model: Any) -> torch.Tensor:
         return token_logprobs(model, self.ids, self.pos, self.keep, self.temperature)
+
+    def as_ghost(self) -> "Row":
+        twin = copy.copy(self)
+        twin.ghost, twin.old, twin.ref = True, None, None
+        return twin
+
+
+def my_rows(shard: Shard, rows: Sequence[Row]) -> list[Row]:
+    """This rank's rows of one mini-batch. With sharded weights every rank makes the same
+    passes (shard.py): a rank short of rows takes ghost turns, and an empty row is a ghost too
+    (alone it would be skipped, and the other ranks would wait for its pass)."""
+    mine = shard.mine(rows)
+    if not shard.sharded or not rows:
+        return mine
+    mine = [r.as_ghost() if len(r.keep) == 0 else r for r in mine]
+    return mine + [rows[0].as_ghost() for _ in range(shard.turns(rows) - len(mine))]
+
+
+def finite(params: Sequence[torch.Tensor], shard: Shard = ALONE) -> bool:
+    """Every weight finite, on every rank (a sharded weight's own share checked here)."""
+    bad = sum(not bool(torch.isfinite(getattr(p, "_local_tensor", p)).all()) for p in params)
+    return not (shard.sum([bad])[0] if shard.sharded else bad)
+
+
+def norm_value(norm: torch.Tensor) -> torch.Tensor:
+    """A gradient norm as a plain tensor (clip_grad_norm_ over sharded weights gives a DTensor)."""
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
 @dataclass
@@ -278,7 +308,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
         if units:
             batches.append([Row(r, device) for r in pack(units, budget)])
     rows = [r for b in batches for r in b]
-    mine = [shard.mine(b) for b in batches]  # this rank's rows of each mini-batch
+    mine = [my_rows(shard, b) for b in batches]  # this rank's rows of each mini-batch
     # a trajectory longer than a row spans rows: its GSPO ratio and its sequence-level weight are over all of them
     per_sequence = cfg.loss == "gspo" or cfg.is_mode.startswith("sequence")
     spans = {int(u) for u in _spanning(rows)} if per_sequence else set()
@@ -318,12 +348,12 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
                     _check(stop)
                     shard.sum_grads(params)
                     figures = dict(zip(figures, shard.sum(list(figures.values()))))
-                    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                    grad_norm = norm_value(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
                     if not math.isfinite(figures["loss"]) or not torch.isfinite(grad_norm):
                         raise TrainingError(f"the loss ({figures['loss']}) or the gradient norm ({float(grad_norm)}) "
                                             f"is not finite; the step was abandoned and no weight moved")
                     optimizer.step()
-                    if not all(bool(torch.isfinite(p).all()) for p in params):
+                    if not finite(params, shard):
                         raise TrainingError("the update made some weights non-finite (is the learning rate far too "
                                             "large?); it was undone and the step abandoned")
                     for key in ("loss", "clipped", "ratio", "tokens", "kl"):
@@ -389,13 +419,17 @@ def _row_loss(model: Any, row: Row, cfg: TrainConfig, eps_lo: float, eps_hi: flo
               once: Optional[dict[str, float]], ratio_means: dict[int, float],
               gap_stats: dict[int, tuple[float, float]]) -> None:
     """Forward and backward of one packed row; adds its figures to ``figures`` (this update's)
-    and, on the first pass over the batch, the sampler-weight figures to ``once``."""
-    if len(row.keep) == 0:
+    and, on the first pass over the batch, the sampler-weight figures to ``once``. A ghost makes
+    the same passes and adds nothing."""
+    if len(row.keep) == 0 and not row.ghost:
         return
     if cfg.beta > 0 and reference is not None and row.ref is None:
         with torch.no_grad(), reference():  # the reference model does not change: once per row
             row.ref = row.logprobs(model)
     logp = row.logprobs(model)
+    if row.ghost:
+        (logp.sum() * 0.0).backward()
+        return
     old = row.old if row.old is not None else logp.detach()
     recorded = ~torch.isnan(row.sampler)
     gap = torch.where(recorded, old - row.sampler, torch.zeros_like(old))  # log(p_old / p_sampler): a constant
@@ -477,13 +511,14 @@ def _traj_stats(rows: Sequence[Row], which: set[int], value: Callable[[Row], tor
                 shard: Shard = ALONE) -> dict[int, tuple[float, float]]:
     """Per trajectory in ``which``: (sum, count) of ``value(row)`` over its trained tokens in
     ``rows`` (this rank's; summed over ranks) -- no gradient; NaN values, from tokens without a
-    recorded sampler logprob, do not count."""
+    recorded sampler logprob, do not count. With sharded weights every row's ``value`` is
+    computed (a pass is a collective) and a ghost's does not count."""
     wanted = torch.tensor(sorted(which), dtype=torch.long)
     sums: dict[int, list[float]] = {u: [0.0, 0.0] for u in sorted(which)}
     with torch.no_grad():
         for row in rows:
-            mine = torch.isin(row.trajectory, wanted.to(row.trajectory.device))
-            if not bool(mine.any()):
+            mine = torch.isin(row.trajectory, wanted.to(row.trajectory.device)) & (not row.ghost)
+            if not bool(mine.any()) and not shard.sharded:
                 continue
             v = value(row)
             ok = mine & ~torch.isnan(v)
