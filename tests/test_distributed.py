@@ -53,14 +53,14 @@ def groups(policy: Policy) -> list[art.Group]:
     return out
 
 
-def step(case: str, shard: Shard) -> dict:
+def step(case: str, shard: Shard, dtype: str = "float32") -> dict:
     """Build the tiny policy (same seed on every rank), train one step on the same groups."""
     settings = dict(CASES[case])
     torch.manual_seed(0)
     train = TrainConfig.build(TrainConfig(), {"learning_rate": 1e-2, "tokens_per_row": ROW,
                                               **{k: v for k, v in settings.items() if k != "sft"}})
-    policy = Policy(art.TrainableModel("dist", base_model="tiny"), cache=CACHE, device="cpu", dtype=torch.float32,
-                    train_config=train)
+    policy = Policy(art.TrainableModel("dist", base_model="tiny"), cache=CACHE, device="cpu",
+                    dtype=getattr(torch, dtype), train_config=train)
     if shard.sharded:
         fsdp.shard(policy, "cpu")
     for g in policy.optimizer.param_groups:
@@ -78,8 +78,8 @@ def step(case: str, shard: Shard) -> dict:
     result = {"metrics": metrics, "adapter": adapter_of(policy), **fsdp.held(policy.model)}
     if shard.sharded:  # the checkpoint's state, gathered whole, scattered into a fresh sharded model
         weights, state = fsdp.gather(policy.model, policy.optimizer)
-        fresh = Policy(art.TrainableModel("dist", base_model="tiny"), cache=CACHE, device="cpu", dtype=torch.float32,
-                       train_config=TrainConfig(seed=1))
+        fresh = Policy(art.TrainableModel("dist", base_model="tiny"), cache=CACHE, device="cpu",
+                       dtype=getattr(torch, dtype), train_config=TrainConfig(seed=1))
         fsdp.shard(fresh, "cpu")
         assert adapter_of(fresh) != result["adapter"]
         fsdp.scatter(fresh.model, fresh.optimizer, weights, state)
@@ -97,7 +97,8 @@ def adapter_of(policy: Policy) -> list[float]:
     return torch.cat([weights[k].flatten() for k in sorted(weights)]).tolist()
 
 
-def rank_main(rank: int, world: int, port: int, case: str, out: str, sharded: bool = False) -> None:
+def rank_main(rank: int, world: int, port: int, case: str, out: str, sharded: bool = False,
+              dtype: str = "float32") -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -112,7 +113,7 @@ def rank_main(rank: int, world: int, port: int, case: str, out: str, sharded: bo
 
     Row.as_ghost = counted
     try:
-        result = step(case, Shard(rank, world, sharded=sharded))
+        result = step(case, Shard(rank, world, sharded=sharded), dtype)
     finally:
         Row.as_ghost = make_ghost
         dist.destroy_process_group()
@@ -188,3 +189,22 @@ def test_two_sharded_ranks_make_the_step_one_process_makes(case, tmp_path):
     assert ranks[0]["ghosts"] == 0  # rank 0 is dealt the odd row of a mini-batch
     if case != "gspo, trajectories spanning rows":  # (its mini-batches are 24 rows each; the others have odd ones)
         assert ranks[1]["ghosts"] > 0  # rank 1 took ghost turns, and the step is still the same
+
+
+def test_two_sharded_ranks_in_bf16_make_the_one_process_step(tmp_path):
+    """The same in bf16 (base weights bf16, the adapter kept in float32 by peft: one shard unit
+    holds both): the figures agree to bf16's precision, and the state gathers and scatters whole."""
+    import torch.multiprocessing as mp
+
+    case = "cispo, 2 mini-batches x 2 epochs"
+    alone = step(case, Shard(), "bfloat16")
+    mp.spawn(rank_main, args=(2, free_port(), case, str(tmp_path), True, "bfloat16"), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for r in ranks:
+        assert 0.45 < r["rank_params_fraction"] <= 0.55 and r["round_trip"]
+    m1, m2 = alone["metrics"], ranks[0]["metrics"]
+    for k in ("loss", "grad_norm"):
+        assert m2[k] == pytest.approx(m1[k], rel=2e-3), (k, m1[k], m2[k])
+    one, two = torch.tensor(alone["adapter"]), torch.tensor(ranks[0]["adapter"])
+    moved = (one - torch.tensor(step_zero_adapter())).abs()
+    assert (one - two).abs().mean() < 0.01 * moved.mean()
