@@ -144,9 +144,12 @@ async def test_two_replicas_and_two_ranks_run_the_loop(ray_instance, tmp_path, a
     assert [s["step"] for s in art_store.steps("p", "m")] == [1, 2]
 
 
-async def test_two_ranks_train_what_one_local_process_trains(ray_instance, tmp_path):
+@pytest.mark.parametrize("shard", ["none", "fsdp"])
+async def test_two_ranks_train_what_one_local_process_trains(ray_instance, tmp_path, shard):
     """The same groups through the ray backend (2 ranks, several mini-batches and epochs) and the
-    local backend (one process): the same loss, gradient norm and adapter afterwards."""
+    local backend (one process): the same loss, gradient norm and adapter afterwards. Sharded
+    (FSDP), each rank holds half the model; a new driver's ranks take their shares of the
+    checkpoint (adapter and optimizer state) and make the next step one process makes."""
     from backends.local import LocalBackend
     from tests.test_trust_region import batch
 
@@ -157,10 +160,17 @@ async def test_two_ranks_train_what_one_local_process_trains(ray_instance, tmp_p
     groups = batch(local.models["m"], groups=4, size=4, length=7)
     one = await local.train(model, groups)
     start = local.models["m"].checkpoints.path(1)
-    ray_be = backend(tmp_path, replicas=1)
+    ray_be = backend(tmp_path, replicas=1, shard=shard)
     try:
         await ray_be.register(model)
         two = await ray_be.train(model, groups)
+        if shard == "fsdp":
+            held = [await r.info.remote() for r in ray_be.deployments["m"].ranks]
+            await ray_be.close()
+            ray_be = backend(tmp_path, replicas=1, shard=shard)  # a new driver, resuming at step 1
+            await ray_be.register(model)
+            assert await ray_be.step(model) == 1
+            one_next, two_next = await local.train(model, groups), await ray_be.train(model, groups)
     finally:
         await ray_be.close()
         await local.close()
@@ -171,6 +181,16 @@ async def test_two_ranks_train_what_one_local_process_trains(ray_instance, tmp_p
     base = adapter_of_initial(tmp_path)
     moved = (a - base).abs()
     assert moved.max() > 1e-3 and (a - b).abs().mean() < 1e-4 * moved.mean()
+    if shard == "fsdp":
+        assert two.metrics["rank_params_fraction"] <= 0.55
+        assert all(0.45 < h["rank_params_fraction"] <= 0.55 for h in held) and len(held) == 2
+        assert two_next.step == one_next.step == 2
+        for k in ("loss", "grad_norm"):
+            assert two_next.metrics[k] == pytest.approx(one_next.metrics[k], rel=1e-4, abs=1e-6), k
+        a2, b2 = adapter_of(Path(one_next.checkpoint)), adapter_of(ray_be.checkpoint_dir(model, 2))
+        assert (a2 - b2).abs().mean() < 1e-4 * (a2 - base).abs().mean()  # the noise of two steps of floats
+    else:
+        assert two.metrics["rank_params_fraction"] == 1.0
 
 
 def adapter_of_initial(tmp_path) -> torch.Tensor:
@@ -238,6 +258,8 @@ def test_options_are_checked_by_name(tmp_path):
 
     with pytest.raises(art.BackendError, match="replicas must be a whole number >= 1"):
         RayBackend(replicas=0)
+    with pytest.raises(art.BackendError, match="unknown shard 'zero3'.*fsdp"):
+        RayBackend(shard="zero3")
     with pytest.raises(art.BackendError, match="trainer_gpus must be a number >= 0"):
         RayBackend(trainer_gpus=-1)
     with pytest.raises(art.BackendError, match="placement 'EVERYWHERE'"):

@@ -12,7 +12,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -43,7 +43,10 @@ class Checkpoints:
     def path(self, step: int) -> Path:
         return self.folder / str(step)
 
-    def save(self, step: int, model: Any, optimizer: Any, state: dict[str, Any]) -> Path:
+    def save(self, step: int, model: Any, optimizer: Any, state: dict[str, Any],
+             whole: Optional[tuple[dict[str, torch.Tensor], dict[str, Any]]] = None) -> Path:
+        """Write ``model``'s adapter and ``optimizer``'s state as ``step`` -- or ``whole``, the
+        adapter's weights and the optimizer's state gathered from sharded ranks (fsdp.gather)."""
         from peft import get_peft_model_state_dict
         from safetensors.torch import save_file
 
@@ -51,14 +54,15 @@ class Checkpoints:
         tmp = self.folder / f"{step}.tmp{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        weights = get_peft_model_state_dict(model, adapter_name=self.adapter)
+        weights = whole[0] if whole else get_peft_model_state_dict(model, adapter_name=self.adapter)
         save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()},
                   str(tmp / "adapter_model.safetensors"))
         config = model.peft_config[self.adapter].to_dict()
         config["target_modules"] = sorted(config["target_modules"]) if isinstance(
             config.get("target_modules"), (set, list)) else config.get("target_modules")
         (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2, default=str))
-        torch.save({"optimizer": optimizer.state_dict(), "rng": torch.get_rng_state()}, tmp / "optimizer.pt")
+        torch.save({"optimizer": whole[1] if whole else optimizer.state_dict(), "rng": torch.get_rng_state()},
+                   tmp / "optimizer.pt")
         (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **state}, indent=2, default=str))
         if final.exists():
             shutil.rmtree(final)
@@ -100,19 +104,30 @@ class Checkpoints:
         except (OSError, ValueError) as e:
             raise self.unreadable(step, "trainer_state.json", e) from None
 
-    def load(self, step: int, model: Any, optimizer: Any) -> dict[str, Any]:
+    def load(self, step: int, model: Any, optimizer: Any,
+             put: Optional[Callable[[dict[str, torch.Tensor], dict[str, Any]], None]] = None) -> dict[str, Any]:
+        """Load ``step`` into ``model`` and ``optimizer`` (or hand its adapter weights and
+        optimizer state to ``put``: a sharded model's ranks each take their share, fsdp.scatter);
+        the trainer state saved with it."""
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
         folder = self.path(step)
         name = "adapter_model.safetensors"
         try:
-            set_peft_model_state_dict(model, load_file(str(folder / name)), adapter_name=self.adapter)
+            weights = load_file(str(folder / name))
             # a checkpoint written on a GPU resumes on a CPU machine: read everything onto the CPU
             # (load_state_dict then moves the optimizer's state to wherever its parameters are)
             name = "optimizer.pt"
             extra = torch.load(folder / name, weights_only=False, map_location="cpu")
-            optimizer.load_state_dict(extra["optimizer"])
+            if put is not None:
+                name = "adapter_model.safetensors"  # (its keys are what a sharded model checks first)
+                put(weights, extra["optimizer"])
+            else:
+                name = "adapter_model.safetensors"
+                set_peft_model_state_dict(model, weights, adapter_name=self.adapter)
+                name = "optimizer.pt"
+                optimizer.load_state_dict(extra["optimizer"])
             torch.set_rng_state(extra["rng"])
         except Exception as e:  # noqa: BLE001 - safetensors, torch and pickle each raise their own
             raise self.unreadable(step, name, e) from None

@@ -56,7 +56,8 @@ class RayBackend:
                  port: int = 0, api_key: Optional[str] = None, home: Optional[str] = None, cache: Optional[str] = None,
                  keep_checkpoints: int = 3, best_metric: Optional[str] = None, engine: str = "builtin",
                  vllm: Optional[dict[str, Any]] = None, max_batch: int = 64, replica_restarts: int = -1,
-                 wait_s: float = 120.0, health_interval_s: float = 1.0, **train_defaults: Any) -> None:
+                 wait_s: float = 120.0, health_interval_s: float = 1.0, shard: str = "none",
+                 **train_defaults: Any) -> None:
         from artsdk.config import settings
 
         for name, value in (("replicas", replicas), ("trainers", trainers)):
@@ -69,6 +70,9 @@ class RayBackend:
         if placement not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
             raise BackendError(f"ray backend: placement {placement!r} is not one of PACK, SPREAD, STRICT_PACK, "
                                f"STRICT_SPREAD")
+        if shard not in ("none", "fsdp"):
+            raise BackendError(f"ray backend: unknown shard {shard!r}; use \"fsdp\" (the model sharded over the "
+                               f"trainer ranks) or \"none\" (each rank holds it whole)")
         if engine not in ("builtin", "vllm"):
             raise BackendError(f"ray backend: unknown engine {engine!r}; use \"builtin\" or \"vllm\"")
         self.address, self.replicas, self.trainers = address, replicas, trainers
@@ -83,7 +87,8 @@ class RayBackend:
                                                 "max_batch": max_batch, "cache": self.cache,
                                                 "threads": max(1, int(replica_cpus)) if not replica_gpus else None,
                                                 **train_defaults}
-        self.trainer_options: dict[str, Any] = {"device": device, "dtype": dtype, "cache": self.cache,
+        self.shard = shard
+        self.trainer_options: dict[str, Any] = {"device": device, "dtype": dtype, "cache": self.cache, "shard": shard,
                                                 "threads": max(1, int(trainer_cpus)) if not trainer_gpus else None,
                                                 "train_defaults": train_defaults}
         self.replica_restarts, self.wait_s, self.health_interval_s = replica_restarts, wait_s, health_interval_s
@@ -397,7 +402,9 @@ class Deployment:
         import ray
 
         t0 = time.perf_counter()
-        files = await self.ranks[0].checkpoint.remote(step, {"metrics": metrics, "model": self.spec.model_dump()})
+        state = {"metrics": metrics, "model": self.spec.model_dump()}
+        asked = self.ranks if self.be.shard == "fsdp" else self.ranks[:1]  # gathering shards: every rank
+        files = (await asyncio.gather(*(r.checkpoint.remote(step, state) for r in asked)))[0]
         if self._stop.is_set():
             raise self._abandoned()
         path = await asyncio.to_thread(self.checkpoints.write, step, files)

@@ -1,7 +1,9 @@
 """A trainer rank: a Ray actor holding the model being trained (policy.py) and its share of
 every step. The ranks form one torch.distributed group (gloo on CPUs, NCCL on GPUs); each
 trains its share of each mini-batch's rows and the sums are taken over all of them
-(backends/local/shard.py), so every rank makes the step one process would make.
+(backends/local/shard.py), so every rank makes the step one process would make. With
+``shard = "fsdp"`` the base model and the adapter are sharded over the ranks
+(backends/local/fsdp.py): each holds about 1/N of the model, checkpoints gather the adapter.
 
 A step is two-phase: ``train`` makes it and keeps a snapshot of the weights before it;
 ``commit`` (once the checkpoint is written and the replicas serve it) lets the snapshot go,
@@ -37,13 +39,16 @@ class TrainerRank:
             torch.set_num_threads(int(options["threads"]))
         self.spec = TrainableModel(**spec)
         self.rank, self.world = rank, world
-        self.shard = Shard(rank, world)
+        self.sharded = options.get("shard") == "fsdp"
+        self.shard = Shard(rank, world, sharded=self.sharded)
         self.device = models.pick_device(options.get("device", "auto"))
         dtype = models.pick_dtype(self.device, options.get("dtype"))
         defaults = TrainConfig.build(TrainConfig(), options.get("train_defaults", {}))
         self.train_config = TrainConfig.build(defaults, self.spec.config.get("train", {}))
         cache = Path(options.get("cache") or Path.home() / ".cache" / "artsdk")
-        self.policy = Policy(self.spec, cache=cache, device=self.device, dtype=dtype, train_config=self.train_config)
+        # sharded: loaded into memory, then each rank's share moves to the device (join)
+        self.policy = Policy(self.spec, cache=cache, device="cpu" if self.sharded else self.device, dtype=dtype,
+                             train_config=self.train_config)
         self.checkpoints = Checkpoints(Path(tempfile.mkdtemp(prefix=f"artsdk-rank{rank}-")))
         self.step = 0
         self.made: dict[int, dict[str, float]] = {}  # the figures of the last steps made (for a duplicate)
@@ -66,12 +71,16 @@ class TrainerRank:
         dist.init_process_group("nccl" if self.device.startswith("cuda") else "gloo",
                                 init_method=f"tcp://{ip}:{port}", rank=self.rank, world_size=self.world,
                                 timeout=timedelta(seconds=timeout_s))
+        if self.sharded:
+            from backends.local import fsdp
+
+            fsdp.shard(self.policy, self.device)
         return self.rank
 
     def load(self, step: int, files: dict[str, bytes]) -> int:
         """Start from a checkpoint's files (the adapter, the optimizer, the trainer state)."""
         self.checkpoints.write(step, files)
-        self.checkpoints.load(step, self.policy.model, self.policy.optimizer)
+        self.checkpoints.load(step, self.policy.model, self.policy.optimizer, put=self._scatter if self.sharded else None)
         self.checkpoints.remove(step)
         self.step, self.pending = step, None
         return step
@@ -117,16 +126,32 @@ class TrainerRank:
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         snapshot = _Snapshot.take(params, self.policy.optimizer)
         self.policy.model.set_adapter("policy")
-        metrics = run(cfg)
+        from backends.local import fsdp
+
+        metrics = {**run(cfg), **fsdp.held(self.policy.model)}  # (what this rank holds of the model)
         if moved(metrics):
             self.pending = (step, snapshot, metrics)
         return metrics
 
+    def _scatter(self, weights: dict[str, Any], optimizer_state: dict[str, Any]) -> None:
+        from backends.local import fsdp
+
+        fsdp.scatter(self.policy.model, self.policy.optimizer, weights, optimizer_state)
+
     def checkpoint(self, step: int, state: dict[str, Any]) -> dict[str, bytes]:
-        """The files of the pending step's checkpoint (rank 0 is asked; the backend writes them)."""
+        """The files of the pending step's checkpoint (rank 0 is asked, or with sharded weights
+        every rank, since gathering them is a collective: rank 0 answers with the files, the
+        others with none; the backend writes them)."""
         if self.pending is None or self.pending[0] != step:
             raise RuntimeError(f"trainer rank {self.rank} has no step {step} to checkpoint")
-        self.checkpoints.save(step, self.policy.model, self.policy.optimizer, state)
+        whole = None
+        if self.sharded:
+            from backends.local import fsdp
+
+            whole = fsdp.gather(self.policy.model, self.policy.optimizer)
+            if self.rank:
+                return {}
+        self.checkpoints.save(step, self.policy.model, self.policy.optimizer, state, whole=whole)
         files = self.checkpoints.files(step)
         self.checkpoints.remove(step)
         return files
@@ -153,5 +178,7 @@ class TrainerRank:
     def info(self) -> dict[str, Any]:
         import os
 
+        from backends.local import fsdp
+
         return {"rank": self.rank, "step": self.step, "pid": os.getpid(),
-                "pending": self.pending[0] if self.pending else None}
+                "pending": self.pending[0] if self.pending else None, **fsdp.held(self.policy.model)}
