@@ -399,3 +399,62 @@ async def test_a_model_unregistered_while_its_step_trains_never_writes_into_its_
         assert be.checkpoint_steps(model) == [] and await be.step(model) == 0
     finally:
         await be.close()
+
+
+async def test_a_step_published_while_16_long_requests_are_in_flight_interrupts_none(ray_instance, tmp_path):
+    """The replica loads the new step's adapter between two tokens of the batch it is decoding:
+    the step is published before those requests end, none of them is stopped or changed (each
+    finishes, whole, on the step it was pinned to), and the next request gets the new step."""
+    import time
+
+    from openai import AsyncOpenAI
+
+    from tests.test_trust_region import batch
+
+    be = backend(tmp_path, replicas=1, trainers=1)
+    model = art.TrainableModel("m", base_model=TINY, project="p", config={"train": {"learning_rate": 1e-2}})
+    try:
+        endpoint = await be.register(model)
+        groups = batch(await _served_tiny(tmp_path), groups=2, size=4)
+        assert (await be.train(model, groups)).step == 1
+        client = AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
+        long = {"model": "m", "messages": [{"role": "user", "content": "tell me everything"}], "max_tokens": 1500,
+                "extra_body": {"min_tokens": 1500}, "temperature": 1.0, "stream": True}
+        started = asyncio.Event()
+        first_seen = 0
+
+        async def read(stream) -> tuple[int, str, set, float]:
+            """The stream read as it comes: tokens, finish reason, models, when it ended."""
+            nonlocal first_seen
+            n, reason, models = 0, None, set()
+            async for chunk in stream:
+                if not models:
+                    first_seen += 1
+                    if first_seen == 16:
+                        started.set()
+                models.add(chunk.model)
+                if chunk.choices and chunk.choices[0].delta.content is not None:
+                    n += 1
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    reason = chunk.choices[0].finish_reason
+            return n, reason, models, time.monotonic()
+
+        streams = [await client.chat.completions.create(**long) for _ in range(16)]
+        readers = [asyncio.create_task(read(s)) for s in streams]
+        await asyncio.wait_for(started.wait(), 120)  # all 16 are being decoded
+        result = await be.train(model, groups)  # trains, writes step 2, loads it on the replica
+        published = time.monotonic()
+        fresh = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                     max_tokens=2)
+        answered = time.monotonic()
+        assert result.step == 2 and result.metrics["replicas_serving"] == 1.0 and fresh.model == "m@2"
+        answers = await asyncio.gather(*readers)
+        assert all(reason == "length" and models == {"m@1"} and n > 1000 for n, reason, models, _ in answers), [
+            a[:3] for a in answers]
+        # the step was published while all 16 were still going (the built-in engine answers the next
+        # request after the batch in flight: it batches between batches)
+        ended = min(a[3] for a in answers)
+        assert published < ended and answered > published, (ended - published, result.metrics["seconds_publish"])
+        await client.close()
+    finally:
+        await be.close()

@@ -15,7 +15,8 @@ distribution; with top_p < 1 the sampler weight min(p_old / p_sampler, is_cap) t
 for the cut (the sampled distribution is the behaviour policy).
 
 The model is shared with the trainer; ``lock`` keeps a training step and a generation
-batch from running on it at the same time.
+batch from running on it at the same time. Publishing a step into a retired step's adapter
+happens between two tokens of the batch being decoded (``between``): serving never stops for it.
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ class Engine:
         self.slots: dict[int, str] = {}  # step -> serving adapter
         self.free: list[str] = []  # serving adapters no step uses any more
         self._slots_lock = threading.Lock()
+        self._jobs: list[tuple[Callable[[], None], "Future[None]"]] = []  # to run between two tokens
+        self._jobs_lock = threading.Lock()
         self._queue: "queue.Queue[Optional[Request]]" = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="artsdk-engine", daemon=True)
         self._thread.start()
@@ -123,29 +126,84 @@ class Engine:
 
     # -- adapters: each served step is a copy of the policy adapter --------------------------
 
-    def publish(self, step: int, folder: Optional[Path] = None) -> None:
-        """Serve the policy adapter's current weights as ``step``. Adapters of retired steps
-        are reused: creating one allocates and initialises a LoRA pair in every layer.
-        (``folder``, the step's checkpoint, is not needed: the weights are in memory.)"""
-        with self.lock:
-            with self._slots_lock:
-                name = self.free.pop() if self.free else None
-            if name is None:
-                name = f"s{len(self.model.peft_config)}"
-                while name in self.model.peft_config:
-                    name += "x"
-                self.model.add_adapter(name, self.model.peft_config["policy"])
-            if self.merger is not None and self.merger.merged == name:
-                # the weights merged in are this slot's old ones (a retired step's): unmerge, or the
-                # new step would be answered by the old one's weights
-                self.merger.restore()
+    def publish(self, step: int, folder: Optional[Path] = None,
+                weights: Optional[dict[str, torch.Tensor]] = None) -> None:
+        """Serve ``step``: the policy adapter's current weights, or ``weights`` (an adapter's
+        state in peft's keys: a replica loading a step's files). (``folder``, the step's
+        checkpoint, is not needed: the weights are in memory.) Into a retired step's adapter
+        this is done between two tokens of a batch being decoded, so no request waits for it;
+        the first steps create adapters (a LoRA pair in every layer), with no batch running, and
+        one spare for the next step."""
+        with self._slots_lock:
+            name = self.free.pop() if self.free else None
+        if name is not None:
+            self.between(lambda: self._fill(name, weights))
+        else:
+            with self.lock:
+                name = self._new_slot()
+                self._fill(name, weights)
+                if not self.free:
+                    spare = self._new_slot()
+                    with self._slots_lock:
+                        self.free.append(spare)
+        with self._slots_lock:
+            self.slots[step] = name
+
+    def _new_slot(self) -> str:
+        """A new serving adapter (hold ``lock``: this changes the model's modules)."""
+        name = f"s{len(self.model.peft_config)}"
+        while name in self.model.peft_config:
+            name += "x"
+        self.model.add_adapter(name, self.model.peft_config["policy"])
+        return name
+
+    def _fill(self, name: str, weights: Optional[dict[str, torch.Tensor]]) -> None:
+        """Copy the policy adapter (or ``weights``) into serving adapter ``name``, which no request
+        uses (hold ``lock``, or run between two tokens: ``between``)."""
+        if self.merger is not None and self.merger.merged == name:
+            # the weights merged in are this slot's old ones (a retired step's): unmerge, or the
+            # new step would be answered by the old one's weights
+            self.merger.restore()
+        with torch.no_grad():
+            if weights is not None:
+                from peft import set_peft_model_state_dict
+
+                set_peft_model_state_dict(self.model, weights, adapter_name=name)
+                return
             params = dict(self.model.named_parameters())
-            with torch.no_grad():
-                for key, p in params.items():
-                    if f".{name}." in key:
-                        p.copy_(params[key.replace(f".{name}.", ".policy.")])
-            with self._slots_lock:
-                self.slots[step] = name
+            for key, p in params.items():
+                if f".{name}." in key:
+                    p.copy_(params[key.replace(f".{name}.", ".policy.")])
+
+    def between(self, job: Callable[[], None]) -> None:
+        """Run ``job`` while no forward pass runs: now if no batch is being decoded, else on the
+        engine's thread between two of its tokens. Returns once it ran (its error raised)."""
+        done: "Future[None]" = Future()
+        entry = (job, done)
+        with self._jobs_lock:
+            self._jobs.append(entry)
+        while not done.done():
+            if not self.lock.acquire(timeout=0.005):
+                continue
+            try:
+                with self._jobs_lock:
+                    mine = entry in self._jobs
+                    if mine:
+                        self._jobs.remove(entry)
+                if mine:
+                    _run(job, done)
+            finally:
+                self.lock.release()
+        done.result()
+
+    def _run_jobs(self) -> None:
+        """On the engine's thread, between two tokens: the jobs ``between`` was given."""
+        if not self._jobs:
+            return
+        with self._jobs_lock:
+            jobs, self._jobs = self._jobs, []
+        for job, done in jobs:
+            _run(job, done)
 
     def retire(self, step: int) -> None:
         """``step`` will not be asked for again: its adapter is free for reuse."""
@@ -364,6 +422,7 @@ class Engine:
                     tokens, mask, pos = tokens[index], mask[index], pos[index]
                     temps, top_ps = temps[index], top_ps[index]
                     past.batch_select_indices(index)
+                self._run_jobs()  # (an adapter being published into a free slot)
                 mask = torch.cat([mask, torch.ones((len(alive), 1), dtype=mask.dtype, device=self.device)], 1)
                 pos = pos[:, -1:] + 1
                 out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=pos,
@@ -454,3 +513,12 @@ class _null:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def _run(job: Callable[[], None], done: "Future[None]") -> None:
+    try:
+        job()
+    except BaseException as e:  # noqa: BLE001 - handed to the caller of ``between``
+        done.set_exception(e)
+    else:
+        done.set_result(None)

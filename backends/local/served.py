@@ -85,9 +85,10 @@ class ServedModel:
         """Steps that can be asked for now (0 is the base model)."""
         return {0, *self.published}
 
-    def _publish(self, step: int, folder: Path) -> None:
-        """Have the engine serve ``step`` from its checkpoint ``folder``."""
-        self.engine.publish(step, folder)
+    def _publish(self, step: int, folder: Path, weights: Optional[dict[str, Any]] = None) -> None:
+        """Have the engine serve ``step`` from its checkpoint ``folder`` (the built-in engine: from
+        the policy adapter, or ``weights``, that folder's adapter already read)."""
+        self.engine.publish(step, folder, weights)
         with self._pin_lock:
             self.published.add(step)
 

@@ -313,9 +313,10 @@ class VLLMEngine:
 
     # -- adapters ------------------------------------------------------------------------
 
-    def publish(self, step: int, folder: Optional[Path] = None) -> None:
-        """Load the adapter of checkpoint ``folder`` as ``name@step``. It is copied first:
-        checkpoints are pruned on their own schedule, and vLLM may read the files again."""
+    def publish(self, step: int, folder: Optional[Path] = None, weights: Any = None) -> None:
+        """Load the adapter of checkpoint ``folder`` as ``name@step`` into the running vLLM (no
+        sleep, no drain: requests in flight go on). It is copied first: checkpoints are pruned
+        on their own schedule, and vLLM may read the files again. (``weights``: unused.)"""
         if folder is None:
             raise BackendError("the vllm engine loads adapters from their checkpoint folder")
         copy = self.folder / "adapters" / str(step)

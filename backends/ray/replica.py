@@ -77,14 +77,14 @@ class Replica:
         return sorted(served.serving)
 
     def _load(self, step: int, files: dict[str, bytes]) -> None:
-        from peft import set_peft_model_state_dict
+        """Serve ``step`` without stopping: the built-in engine copies its adapter into a free
+        serving adapter between two tokens of the batch it decodes; vLLM loads it from the
+        files while it answers. The replica's own trainable adapter is never touched."""
         from safetensors.torch import load
 
         served = self._served()
         folder = served.checkpoints.write(step, files)
-        with served.engine.training():  # generation waits while the policy adapter's weights change
-            set_peft_model_state_dict(served.model, load(files["adapter_model.safetensors"]), adapter_name="policy")
-        served._publish(step, folder)  # the engine copies (built-in) or loads (vLLM) the step's adapter
+        served._publish(step, folder, load(files["adapter_model.safetensors"]))
         served._advance(step)
 
     def release(self, step: int) -> list[int]:
