@@ -34,6 +34,8 @@ def test_engine_is_one_of_two_and_its_options_need_it(tmp_path):
         LocalBackend(device="cpu", home=str(tmp_path), engine="sglang")
     with pytest.raises(BackendError, match="vllm options are set but engine is not"):
         LocalBackend(device="cpu", home=str(tmp_path), vllm={"kv_cache_gb": 2})
+    with pytest.raises(BackendError, match="serve_only needs engine"):
+        LocalBackend(device="cpu", home=str(tmp_path), serve_only=True)
 
 
 @needs_vllm
@@ -113,3 +115,47 @@ async def test_the_model_s_generation_config_does_not_change_what_vllm_samples(t
             trainer = token_logprobs(served.model, ids, torch.arange(len(ids)), keep)
         assert (trainer - torch.tensor(o.logprobs)).abs().max() < 1e-3  # was 0.0 for every token (top_k 1)
     await be.close()
+
+
+@needs_vllm
+async def test_served_only_no_weights_here_and_a_step_trained_elsewhere_is_served_as_trained(tmp_path):
+    """``serve_only`` (what a ray replica on vLLM is): this process loads no weights -- vLLM's
+    process has them -- and a step trained by another backend, its adapter files handed over,
+    is loaded into the running vLLM and sampled with the trainer's own logprobs for it."""
+    import torch
+
+    from backends.local.engine import Request
+    from backends.local.trainer import token_logprobs
+    from tests.test_trust_region import batch
+
+    trainer = LocalBackend(device="cpu", dtype="float32", home=str(tmp_path / "trainer"), http=False)
+    model = art.TrainableModel("m", base_model="tiny", config={"train": {"learning_rate": 1e-2}})
+    await trainer.register(model)
+    trained = trainer.models["m"]
+    result = await trainer.train(model, batch(trained, groups=2, size=4))
+    files = trained.checkpoints.files(result.step)
+    server = LocalBackend(device="cpu", dtype="float32", home=str(tmp_path / "server"), engine="vllm", serve_only=True,
+                          http=False)
+    try:
+        await server.register(model)
+        served = server.models["m"]
+        assert served.model is None and served.optimizer is None  # no copy of the weights in this process
+        with pytest.raises(BackendError, match="only served here"):
+            await server.train(model, batch(trained, groups=1, size=2))
+        folder = served.checkpoints.write(result.step, files)
+        served._publish(result.step, folder)
+        served._advance(result.step)
+        prompt = served.chat.prompt_ids([{"role": "user", "content": "go"}])
+        (out,) = served.submit(Request(prompt=prompt, max_tokens=8, temperature=1.0, seed=1)).result(300)
+        ids = torch.tensor(prompt + out.token_ids)
+        keep = torch.arange(len(prompt) - 1, len(ids) - 1)
+        with torch.no_grad():
+            trained.model.set_adapter("policy")  # the trainer's weights are step 1's
+            theirs = token_logprobs(trained.model, ids, torch.arange(len(ids)), keep)
+            with trained.model.disable_adapter():
+                base = token_logprobs(trained.model, ids, torch.arange(len(ids)), keep)
+        ours = torch.tensor(out.logprobs)
+        assert (theirs - ours).abs().max() < 1e-3 < (base - ours).abs().max()  # step 1's adapter, not the base
+    finally:
+        await server.close()
+        await trainer.close()

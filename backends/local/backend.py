@@ -47,7 +47,7 @@ class LocalBackend:
                  best_metric: Optional[str] = None, threads: Optional[int] = None,
                  cache: Optional[str] = None, http: bool = True, merge_adapters: bool = True,
                  engine: str = "builtin", vllm: Optional[dict[str, Any]] = None, prefix_cache_mb: int = 512,
-                 **train_defaults: Any) -> None:
+                 serve_only: bool = False, **train_defaults: Any) -> None:
         from artsdk.config import settings
 
         from . import models
@@ -68,6 +68,10 @@ class LocalBackend:
         if vllm and engine != "vllm":
             raise BackendError("local backend: vllm options are set but engine is not \"vllm\"")
         self.engine = engine
+        if serve_only and engine != "vllm":
+            raise BackendError("local backend: serve_only needs engine = \"vllm\" (the built-in engine runs the "
+                               "model in this process, so it holds it whole anyway)")
+        self.serve_only = serve_only  # no weights in this process: steps trained elsewhere are served (ray replicas)
         if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, int) or prefix_cache_mb < 0:
             raise BackendError(f"local backend: prefix_cache_mb={prefix_cache_mb!r} must be a whole number of MB "
                                f"(0 turns the prefix cache off)")
@@ -125,7 +129,8 @@ class LocalBackend:
                     self.models[model.name] = ServedModel(
                         model, home=self.home, cache=self.cache, device=self.device, dtype=self.dtype,
                         keep_checkpoints=self.keep_checkpoints, best_metric=self.best_metric,
-                        train_defaults=self.train_defaults, engine=self._engine_for, resume_step=resume_step)
+                        train_defaults=self.train_defaults, engine=self._engine_for, resume_step=resume_step,
+                        trainable=not self.serve_only)
                 except ValueError as e:
                     raise BackendError(f"model {model.name!r}: {e}") from None
             return self.models[model.name]

@@ -160,15 +160,40 @@ def load(base_model: str, cache: Path, device: str, dtype: Any) -> tuple[Any, An
             tok = AutoTokenizer.from_pretrained(where, clean_up_tokenization_spaces=False)
             model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
     except (OSError, ValueError) as e:
-        raise ModelLoadError(
-            f"cannot load base model {base_model!r}: {str(e).splitlines()[0]}. Give a Hugging Face "
-            f"id reachable from this machine (or already in its cache), a local folder saved with "
-            f"save_pretrained, a .gguf file, or leave the default ({SMOLLM2}, embedded)"
-        ) from None
+        raise _unloadable(base_model, e) from None
+    _check_tokenizer(base_model, tok)
+    model.to(device)
+    model.eval()
+    return model, tok
+
+
+def load_tokenizer(base_model: str, cache: Path) -> tuple[Any, Any]:
+    """(tokenizer, model config), not the weights: what serving a model whose weights another
+    process holds (vLLM) needs."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    where, gguf = resolve(base_model, cache)
+    if gguf:
+        raise ModelLoadError(f"base model {base_model!r}: serving it from another process needs a model folder, "
+                             f"not a GGUF file")
+    try:
+        tok = AutoTokenizer.from_pretrained(where, clean_up_tokenization_spaces=False)
+        config = AutoConfig.from_pretrained(where)
+    except (OSError, ValueError) as e:
+        raise _unloadable(base_model, e) from None
+    _check_tokenizer(base_model, tok)
+    return tok, config
+
+
+def _unloadable(base_model: str, e: Exception) -> ModelLoadError:
+    return ModelLoadError(
+        f"cannot load base model {base_model!r}: {str(e).splitlines()[0]}. Give a Hugging Face "
+        f"id reachable from this machine (or already in its cache), a local folder saved with "
+        f"save_pretrained, a .gguf file, or leave the default ({SMOLLM2}, embedded)")
+
+
+def _check_tokenizer(base_model: str, tok: Any) -> None:
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     if not getattr(tok, "chat_template", None):
         raise ModelLoadError(f"base model {base_model!r} has no chat template; use an instruct/chat model")
-    model.to(device)
-    model.eval()
-    return model, tok

@@ -52,15 +52,13 @@ class Policy:
     """Base model + LoRA adapter + optimizer (see the module docs)."""
 
     def __init__(self, spec: TrainableModel, *, cache: Path, device: str, dtype: Any, train_config: TrainConfig) -> None:
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
         self.spec = spec
         lora = lora_settings(spec.config)
         base, self.tokenizer = models.load(spec.base_model, cache.expanduser(), device, dtype)
         self.context_length = int(getattr(base.config, "max_position_embeddings", 2048) or 2048)
-        self.lora_config = LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"],
-                                      target_modules=lora["target_modules"], lora_dropout=float(lora["dropout"]),
-                                      bias="none", task_type="CAUSAL_LM")
+        self.lora_config = _lora_config(lora)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(train_config.seed)
             self.model = get_peft_model(base, self.lora_config, adapter_name="policy")
@@ -69,6 +67,20 @@ class Policy:
         params = [p for n, p in self.model.named_parameters() if "lora_" in n and ".policy." in n]
         self.optimizer = torch.optim.AdamW(params, lr=train_config.learning_rate,
                                            weight_decay=train_config.weight_decay)
+
+    @classmethod
+    def serving_only(cls, spec: TrainableModel, *, cache: Path) -> "Policy":
+        """The model's tokenizer, chat format and adapter settings without its weights (``model``
+        and ``optimizer`` None): for a server whose engine holds the model in another process
+        (vLLM) and which never trains -- a replica of the ray backend."""
+        self = cls.__new__(cls)
+        self.spec = spec
+        self.lora_config = _lora_config(lora_settings(spec.config))
+        self.tokenizer, config = models.load_tokenizer(spec.base_model, cache.expanduser())
+        self.context_length = int(getattr(config, "max_position_embeddings", 2048) or 2048)
+        self.model = self.optimizer = None
+        self.chat = ChatFormat(self.tokenizer)
+        return self
 
     def tokenizing(self, step: int) -> Tokenizing:
         """What the trainer needs to turn this model's trajectories into tokens, at ``step``."""
@@ -79,3 +91,10 @@ class Policy:
     def completion_ids(self, choice: Any) -> list[int]:
         text = message_text(choice.message)
         return self.chat.encode(text) + [self.chat.end_id]
+
+
+def _lora_config(lora: dict[str, Any]) -> Any:
+    from peft import LoraConfig
+
+    return LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], target_modules=lora["target_modules"],
+                      lora_dropout=float(lora["dropout"]), bias="none", task_type="CAUSAL_LM")

@@ -34,8 +34,10 @@ log = logging.getLogger("artsdk.local")
 class ServedModel:
     def __init__(self, spec: TrainableModel, *, home: Path, cache: Path, device: str, dtype: Any,
                  keep_checkpoints: int, best_metric: Optional[str], train_defaults: TrainConfig,
-                 engine: Callable[["ServedModel"], Any], resume_step: Optional[int] = None) -> None:
+                 engine: Callable[["ServedModel"], Any], resume_step: Optional[int] = None,
+                 trainable: bool = True) -> None:
         self.spec = spec
+        self.trainable = trainable  # False: served only, its weights held by the engine's own process (vLLM)
         self.device = device
         lora_settings(spec.config)  # bad settings are refused before anything is written
         self.train_config = TrainConfig.build(train_defaults, spec.config.get("train", {}))
@@ -50,7 +52,8 @@ class ServedModel:
                     f"the checkpoints in {self.checkpoints.folder} were trained from base model "
                     f"{trained_from!r}, not {spec.base_model!r}; give the model another name "
                     f"(or project), or move that folder away to start over")
-        self.policy = policy = Policy(spec, cache=cache, device=device, dtype=dtype, train_config=self.train_config)
+        self.policy = policy = (Policy(spec, cache=cache, device=device, dtype=dtype, train_config=self.train_config)
+                                if trainable else Policy.serving_only(spec, cache=cache))
         self.model, self.tokenizer, self.chat = policy.model, policy.tokenizer, policy.chat
         self.continuations = Continuations(self.chat)  # answers given, for the next turn's prompt
         self.optimizer, self.lora_config, self.context_length = policy.optimizer, policy.lora_config, policy.context_length
@@ -70,7 +73,8 @@ class ServedModel:
         self._closing = threading.Event()
         self.training_progress: Optional[tuple[int, int]] = None  # (rows done, rows) of the step training now
         if latest is not None:
-            state = self.checkpoints.load(latest, self.model, self.optimizer)
+            state = (self.checkpoints.load(latest, self.model, self.optimizer) if trainable
+                     else self.checkpoints.state(latest))
             self.step = int(state["step"])
             log.info("%s: resumed from checkpoint step %d", spec.name, self.step)
         self.engine = engine(self)  # built-in or vLLM (backend.py picks)
@@ -153,6 +157,7 @@ class ServedModel:
         """One step: (new step, metrics, checkpoint folder). A batch with nothing to learn
         from moves nothing: (the same step, metrics, None). ``stop`` set before the update
         raises StepInterrupted, with nothing moved or written."""
+        self._check_trainable()
         cfg = TrainConfig.build(self.train_config, overrides)
         for g in self.optimizer.param_groups:  # the step's own settings, which run.train may override
             g["lr"], g["weight_decay"] = cfg.learning_rate, cfg.weight_decay
@@ -173,6 +178,7 @@ class ServedModel:
                   stop: Optional[threading.Event] = None) -> tuple[int, dict[str, float], str]:
         """A supervised step on good conversations (sft.py): (new step, metrics, checkpoint),
         numbered, checkpointed and served like a GRPO step."""
+        self._check_trainable()
         cfg = SFTConfig.build(overrides, seed=self.train_config.seed)
         for g in self.optimizer.param_groups:
             g["lr"], g["weight_decay"] = cfg.learning_rate, cfg.weight_decay
@@ -220,6 +226,11 @@ class ServedModel:
         except StepInterrupted:
             self._check_open()
             raise
+
+    def _check_trainable(self) -> None:
+        if not self.trainable:
+            raise BackendError(f"model {self.spec.name!r} is only served here (serve_only: its weights are in vLLM's "
+                               f"process, none to train); train it where it is trainable")
 
     def _check_open(self) -> None:
         if self._closing.is_set():

@@ -120,7 +120,7 @@ class VLLMEngine:
                                  f"GGUF file; use the built-in engine, or save the model with save_pretrained")
         on_gpu = served.device.startswith("cuda")
         trainer_gpu = served.device.partition(":")[2] or "0"
-        shares_gpu = on_gpu and (options.gpus is None or trainer_gpu in options.gpus.split(","))
+        shares_gpu = on_gpu and served.trainable and (options.gpus is None or trainer_gpu in options.gpus.split(","))
         self.sleeps = shares_gpu if options.sleep is None else bool(options.sleep)
         rank = next((r for r in _VLLM_RANKS if r >= served.lora_config.r), served.lora_config.r)
         self.key = secrets.token_urlsafe(24)

@@ -56,8 +56,10 @@ class Replica:
             from backends.local import LocalBackend
 
             threads = self.options.pop("threads", None)
+            # on vLLM the replica holds no trainable copy: vLLM's process has the weights, adapters come as files
             self.backend = LocalBackend(host=reachable_host(self.driver_ip), port=0, api_key=self.key,
-                                        home=str(self.home), keep_checkpoints=2, threads=threads, **self.options)
+                                        home=str(self.home), keep_checkpoints=2, threads=threads,
+                                        serve_only=self.options.get("engine") == "vllm", **self.options)
             endpoint = await self.backend.register(self.spec)
             self.url = endpoint.base_url
             self._served().hold_steps = True
