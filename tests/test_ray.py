@@ -458,3 +458,41 @@ async def test_a_step_published_while_16_long_requests_are_in_flight_interrupts_
         await client.close()
     finally:
         await be.close()
+
+
+async def test_a_drained_replica_is_let_back_in_within_seconds_while_another_is_set_up(ray_instance, tmp_path):
+    """Health checks ask every replica at once and set-ups run on their own: while replica 1's
+    set-up takes long (held here for 40 s), replica 0, drained by a failed call, is let back in
+    at the next check once it answers. A set-up past ``setup_timeout_s`` is given up."""
+    import threading
+    import time
+
+    be = backend(tmp_path)
+    model = art.TrainableModel("m", base_model=TINY, project="p")
+    try:
+        await be.register(model)
+        d = be.deployments["m"]
+        r0, r1 = d.pool.replicas
+        real, held = d._set_up, threading.Event()
+
+        def slow_set_up(r):  # what a replica loading a large model looks like to the health check
+            if r is r1:
+                held.set()
+                time.sleep(40)
+            real(r)
+
+        d._set_up = slow_set_up
+        with d.pool.lock:
+            r1.incarnation = "lost"  # as after a restart: replica 1 must be set up again
+        await asyncio.to_thread(held.wait, 30)
+        with d.pool.lock:
+            r0.ready = False  # what the router does when a call to it fails
+        t0 = time.monotonic()
+        while not r0.ready:
+            assert time.monotonic() - t0 < 5, "replica 0 waited behind replica 1's set-up"
+            await asyncio.sleep(0.1)
+        assert not r1.ready  # still being set up
+    finally:
+        await be.close()
+    with pytest.raises(art.BackendError, match="setup_timeout_s=0.01"):
+        await backend(tmp_path, replicas=1, trainers=1, setup_timeout_s=0.01).register(model)

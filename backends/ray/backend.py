@@ -43,7 +43,7 @@ from .router import Pool, Replica, build_app
 
 log = logging.getLogger("artsdk.ray")
 
-SETUP_TIMEOUT = 1800.0  # seconds a replica may take to load a model and its adapter
+CHECK_TIMEOUT = 10.0  # seconds a replica has to answer a health check before it is drained
 
 
 class RayBackend:
@@ -56,8 +56,8 @@ class RayBackend:
                  port: int = 0, api_key: Optional[str] = None, home: Optional[str] = None, cache: Optional[str] = None,
                  keep_checkpoints: int = 3, best_metric: Optional[str] = None, engine: str = "builtin",
                  vllm: Optional[dict[str, Any]] = None, max_batch: int = 64, replica_restarts: int = -1,
-                 wait_s: float = 120.0, health_interval_s: float = 1.0, shard: str = "none",
-                 **train_defaults: Any) -> None:
+                 wait_s: float = 120.0, health_interval_s: float = 1.0, setup_timeout_s: float = 1800.0,
+                 shard: str = "none", **train_defaults: Any) -> None:
         from artsdk.config import settings
 
         for name, value in (("replicas", replicas), ("trainers", trainers)):
@@ -91,7 +91,11 @@ class RayBackend:
         self.trainer_options: dict[str, Any] = {"device": device, "dtype": dtype, "cache": self.cache, "shard": shard,
                                                 "threads": max(1, int(trainer_cpus)) if not trainer_gpus else None,
                                                 "train_defaults": train_defaults}
+        if isinstance(setup_timeout_s, bool) or not isinstance(setup_timeout_s, (int, float)) or setup_timeout_s <= 0:
+            raise BackendError(f"ray backend: setup_timeout_s must be a number of seconds above 0, got "
+                               f"{setup_timeout_s!r}")
         self.replica_restarts, self.wait_s, self.health_interval_s = replica_restarts, wait_s, health_interval_s
+        self.setup_timeout_s = float(setup_timeout_s)  # a replica's set-up longer than this: restarted
         self.deployments: dict[str, Deployment] = {}
         self._server: Any = None
         self._started_ray = False
@@ -271,7 +275,8 @@ class Deployment:
             self.pool.current = self.step
         await asyncio.gather(*(asyncio.to_thread(self._set_up, r) for r in self.pool.replicas))
         if not self.pool.ready():
-            raise BackendError(f"no inference replica of {self.spec.name!r} could be set up; see the Ray logs")
+            raise BackendError(f"no inference replica of {self.spec.name!r} could be set up (each is given "
+                               f"setup_timeout_s={self.be.setup_timeout_s:g}); see the warnings above and the Ray logs")
         self._watch = threading.Thread(target=self._keep_set_up, name=f"artsdk-ray-{self.spec.name}", daemon=True)
         self._watch.start()
 
@@ -432,17 +437,23 @@ class Deployment:
 
     def _set_up(self, r: Replica) -> None:
         """Set a replica up to serve the current step (after a start, a restart or a failed
-        load), then let it take traffic. Called from a thread."""
+        load), then let it take traffic. Called from a thread. A set-up longer than
+        ``setup_timeout_s`` is given up and the replica restarted (Ray starts it afresh)."""
         import ray
 
         step = self.pool.current
         files = self.checkpoints.files(step, ADAPTER_FILES) if step else None
         try:
-            info = ray.get(r.actor.setup.remote(step, files), timeout=SETUP_TIMEOUT)
+            info = ray.get(r.actor.setup.remote(step, files), timeout=self.be.setup_timeout_s)
         except (ray.exceptions.RayError, TimeoutError) as e:
-            log.warning("%s: replica %d could not be set up (%s)", self.spec.name, r.index, _cause(e))
+            timed_out = isinstance(e, (TimeoutError, ray.exceptions.GetTimeoutError))
+            log.warning("%s: replica %d could not be set up (%s)", self.spec.name, r.index,
+                        f"not done within setup_timeout_s={self.be.setup_timeout_s:g}; restarting it" if timed_out
+                        else _cause(e))
             with self.pool.lock:
                 r.ready = False
+            if timed_out and not self._stop.is_set():
+                ray.kill(r.actor, no_restart=False)
             return
         with self.pool.lock:
             r.url, r.incarnation, r.steps = info["url"], info["incarnation"], set(info["steps"])
@@ -450,25 +461,38 @@ class Deployment:
         log.info("%s: replica %d ready at %s, serving steps %s", self.spec.name, r.index, r.url, sorted(r.steps))
 
     def _keep_set_up(self) -> None:
+        """Every ``health_interval_s``, all replicas are asked at once how they are: one that
+        serves the current step (again) takes traffic; one that does not answer within
+        CHECK_TIMEOUT is drained; one that is not whole (restarted, or a step it could not load)
+        is set up in a thread of its own, so no set-up holds up the others' checks."""
         import ray
 
+        setting_up: dict[int, threading.Thread] = {}
         while not self._stop.wait(self.be.health_interval_s):
-            for r in self.pool.replicas:
+            replicas = [r for r in self.pool.replicas
+                        if not (r.index in setting_up and setting_up[r.index].is_alive())]
+            asked = [r.actor.info.remote() for r in replicas]
+            answered, _ = ray.wait(asked, num_returns=len(asked), timeout=CHECK_TIMEOUT) if asked else ([], [])
+            for r, ref in zip(replicas, asked):
                 if self._stop.is_set():
                     return
                 try:
-                    info = ray.get(r.actor.info.remote(), timeout=30)
+                    info = ray.get(ref, timeout=0) if ref in answered else None
                 except (ray.exceptions.RayError, TimeoutError):
+                    info = None
+                if info is None:
                     with self.pool.lock:
-                        r.ready = False  # restarting, or gone
+                        r.ready = False  # restarting, gone, or not answering
                     continue
                 with self.pool.lock:
                     whole = info["incarnation"] == r.incarnation and info["url"] and self.pool.current in info["steps"]
                     if whole:  # (steps the router released stay released, whatever the replica still holds)
                         r.steps &= set(info["steps"])
-                        r.ready = True
+                    r.ready = bool(whole)  # restarted, or without the current step: no traffic until set up
                 if not whole:
-                    self._set_up(r)
+                    setting_up[r.index] = threading.Thread(target=self._set_up, args=(r,), daemon=True,
+                                                           name=f"artsdk-ray-{self.spec.name}-setup-{r.index}")
+                    setting_up[r.index].start()
 
     def _abandoned(self) -> BackendError:
         return BackendError(f"model {self.spec.name!r} was unregistered while this step trained: the step was "
