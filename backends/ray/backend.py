@@ -38,6 +38,7 @@ from artsdk.backend import Endpoint, TrainableModel, TrainResult, nothing_to_tra
 from artsdk.errors import ArtError, BackendError
 from artsdk.trajectory import Group, Trajectory
 
+from ..shared_storage import SharedCheckpoints
 from .replica import ADAPTER_FILES
 from .router import Pool, Replica, build_app
 
@@ -57,7 +58,7 @@ class RayBackend:
                  keep_checkpoints: int = 3, best_metric: Optional[str] = None, engine: str = "builtin",
                  vllm: Optional[dict[str, Any]] = None, max_batch: int = 64, replica_restarts: int = -1,
                  wait_s: float = 120.0, health_interval_s: float = 1.0, setup_timeout_s: float = 1800.0,
-                 shard: str = "none", **train_defaults: Any) -> None:
+                 shard: str = "none", checkpoints_url: Optional[str] = None, **train_defaults: Any) -> None:
         from artsdk.config import settings
 
         for name, value in (("replicas", replicas), ("trainers", trainers)):
@@ -88,6 +89,8 @@ class RayBackend:
                                                 "threads": max(1, int(replica_cpus)) if not replica_gpus else None,
                                                 **train_defaults}
         self.shard = shard
+        # where steps are committed for another driver to take the run over (a shared folder, s3://...)
+        self.checkpoints_url = checkpoints_url
         self.trainer_options: dict[str, Any] = {"device": device, "dtype": dtype, "cache": self.cache, "shard": shard,
                                                 "threads": max(1, int(trainer_cpus)) if not trainer_gpus else None,
                                                 "train_defaults": train_defaults}
@@ -109,6 +112,12 @@ class RayBackend:
 
         self._connect()
         moved = None
+        if fresh and self.checkpoints_url:
+            committed = SharedCheckpoints(self.checkpoints_url, model.project, model.name).steps()
+            if committed:
+                raise BackendError(f"model {model.name!r} has steps {committed} committed at {self.checkpoints_url}: "
+                                   f"a fresh start would mix its steps with them; resume instead, or give another "
+                                   f"checkpoints_url, project or model name")
         if fresh:
             await self.unregister(model)
             moved = move_aside(self.home / model.project / model.name / "checkpoints")
@@ -242,6 +251,10 @@ class Deployment:
 
         self.be, self.spec = backend, spec
         self.checkpoints = Checkpoints(backend.home / spec.project / spec.name / "checkpoints")
+        self.shared = (SharedCheckpoints(backend.checkpoints_url, spec.project, spec.name)
+                       if backend.checkpoints_url else None)
+        if self.shared is not None:
+            resume_step = self._take_over(resume_step)
         self.step = self.checkpoints.resume_point(resume_step) or 0  # read whole: a corrupt one fails here
         self.pool = Pool(spec.name, spec.base_model, key=secrets.token_urlsafe(24), replicas=[])
         self.pool.release = lambda replica, step: replica.actor.release.remote(step)
@@ -250,6 +263,23 @@ class Deployment:
         self._step_lock = asyncio.Lock()
         self._stop = threading.Event()
         self._watch: Optional[threading.Thread] = None
+
+    def _take_over(self, resume_step: Optional[int]) -> Optional[int]:
+        """The step to resume from when steps are committed at ``checkpoints_url``: the newest
+        committed one (or ``resume_step``), fetched here if this driver lacks it. Newer local
+        steps, never committed, are set aside by ``resume_point``."""
+        assert self.shared is not None
+        committed = self.shared.steps()
+        if not committed:
+            return resume_step
+        step = committed[-1] if resume_step is None else resume_step
+        if step not in committed:
+            raise BackendError(f"step {step} of {self.spec.name!r} is not committed at {self.shared.where} (committed: "
+                               f"{committed})")
+        if step not in self.checkpoints.steps():
+            self.checkpoints.write(step, self.shared.get(step))
+        log.info("%s: taking the run over at step %d from %s", self.spec.name, step, self.shared.where)
+        return step
 
     async def start(self) -> None:
         import ray
@@ -412,6 +442,14 @@ class Deployment:
         files = (await asyncio.gather(*(r.checkpoint.remote(step, state) for r in asked)))[0]
         if self._stop.is_set():
             raise self._abandoned()
+        if self.shared is not None:  # committed there first: a step another driver may take over
+            try:
+                await asyncio.to_thread(self.shared.put, step, files)
+            except Exception as e:  # noqa: BLE001 - the storage's own errors, named below
+                await self._rollback()
+                raise BackendError(f"step {step} of {self.spec.name!r} could not be committed to "
+                                   f"{self.shared.where} ({e}); the step was abandoned -- nothing served -- "
+                                   f"train again to go on") from None
         path = await asyncio.to_thread(self.checkpoints.write, step, files)
         t1 = time.perf_counter()
         adapter = ray.put({k: v for k, v in files.items() if k in ADAPTER_FILES})
@@ -430,8 +468,19 @@ class Deployment:
             self.pool.advance(step)
         await asyncio.gather(*(r.commit.remote(step) for r in self.ranks))
         self.step = step
-        await asyncio.to_thread(self.checkpoints.prune, self.be.keep_checkpoints, self.be.best_metric)
+        await asyncio.to_thread(self._prune)
         return step, metrics, str(path)
+
+    def _prune(self) -> None:
+        """Old checkpoints removed here and where they are committed: there the newest
+        ``keep_checkpoints`` stay (whichever driver made them), and any step kept here."""
+        self.checkpoints.prune(self.be.keep_checkpoints, self.be.best_metric)
+        if self.shared is not None:
+            committed = self.shared.steps()
+            kept = set(self.checkpoints.steps()) | set(committed[-max(self.be.keep_checkpoints, 1):])
+            for old in committed:
+                if old not in kept:
+                    self.shared.remove(old)
 
     # -- keeping replicas set up ----------------------------------------------------------
 
