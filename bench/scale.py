@@ -12,6 +12,15 @@ instance on this machine:
 
 Writes bench/results/scale.json. On a machine with few cores, replicas and ranks share them:
 the figures say what the machinery costs, not what more machines give.
+
+    python -m bench.scale --part sharding   # bench/results/scale_sharding.json
+    python -m bench.scale --part publish    # bench/results/scale_publish.json
+
+- **sharding**: two trainer ranks holding the whole model, then sharded (``shard = "fsdp"``):
+  what each rank holds of the weights, its resident memory, and a step's time and loss;
+- **publish**: a step published to a replica while 16 long requests are being decoded: how
+  long loading it took, how long those requests still ran after it (what waiting for them, as
+  loading a step used to, would have cost), and whether any was cut or changed step.
 """
 
 from __future__ import annotations
@@ -137,6 +146,87 @@ async def gather_and_train(be, model: art.TrainableModel, endpoint, a: argparse.
             "loop_other_seconds": total - rollout - train}
 
 
+async def sharding(a: argparse.Namespace) -> dict:
+    """Two ranks, whole then sharded: what a rank holds, and the step it makes."""
+    import ray
+
+    from backends.local import LocalBackend
+    from backends.ray import RayBackend
+
+    out: dict = {"model": a.model, "cpus": os.cpu_count(), "runs": []}
+    ray.init(num_cpus=max(6, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
+    try:
+        with tempfile.TemporaryDirectory() as home:
+            model = art.TrainableModel("bench", base_model=a.model, project="bench", config={"train": {"learning_rate": 1e-3}})
+            tokens = LocalBackend(device="cpu", home=f"{home}/tokens", http=False)
+            await tokens.register(model)
+            groups = make_groups(4, 8, tokens.models["bench"].model.get_input_embeddings().weight.shape[0])
+            await tokens.close()
+            for shard in ("none", "fsdp"):
+                be = RayBackend(device="cpu", home=f"{home}/{shard}", replicas=1, trainers=2, shard=shard)
+                await be.register(model)
+                t0 = time.perf_counter()
+                r = await be.train(model, groups)
+                seconds = time.perf_counter() - t0
+                ranks = [await rank.info.remote() for rank in be.deployments["bench"].ranks]
+                out["runs"].append({"shard": shard, "step_seconds": seconds, "loss": r.metrics["loss"],
+                                    "grad_norm": r.metrics["grad_norm"],
+                                    "params_fraction": [x["rank_params_fraction"] for x in ranks],
+                                    "weights_gb": [x["rank_weights_gb"] for x in ranks],
+                                    "peak_rss_gb": [x["peak_rss_gb"] for x in ranks]})
+                await be.close()
+    finally:
+        ray.shutdown()
+    return out
+
+
+async def publish(a: argparse.Namespace) -> dict:
+    """A step published while 16 long requests are decoded on the one replica."""
+    import ray
+
+    from backends.local import LocalBackend
+    from backends.ray import RayBackend
+
+    ray.init(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
+    try:
+        with tempfile.TemporaryDirectory() as home:
+            model = art.TrainableModel("bench", base_model=a.model, project="bench", config={"train": {"learning_rate": 1e-3}})
+            tokens = LocalBackend(device="cpu", home=f"{home}/tokens", http=False)
+            await tokens.register(model)
+            groups = make_groups(2, 4, tokens.models["bench"].model.get_input_embeddings().weight.shape[0])
+            await tokens.close()
+            be = RayBackend(device="cpu", home=f"{home}/ray", replicas=1, trainers=1)
+            endpoint = await be.register(model)
+            await be.train(model, groups)  # step 1 (the replica's first adapters are made with no batch running)
+            client = AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
+            ended: list[float] = []
+
+            async def long(i: int) -> tuple[int, str, str]:
+                r = await client.chat.completions.create(
+                    model="bench", max_tokens=a.long_tokens, extra_body={"min_tokens": a.long_tokens},
+                    messages=[{"role": "user", "content": f"{PROMPT[0]['content']} ({i})"}])
+                ended.append(time.perf_counter())
+                return len(r.choices[0].model_extra["token_ids"]), r.choices[0].finish_reason, r.model
+
+            calls = [asyncio.ensure_future(long(i)) for i in range(16)]
+            await asyncio.sleep(a.settle)  # the 16 are one batch being decoded
+            d = be.deployments["bench"]
+            metrics = await d.ranks[0].train.remote(2, groups, {})
+            t0 = time.perf_counter()
+            _, m, _ = await d._commit(2, metrics)
+            published = time.perf_counter()
+            answers = await asyncio.gather(*calls)
+            await client.close()
+            await be.close()
+    finally:
+        ray.shutdown()
+    return {"model": a.model, "cpus": os.cpu_count(), "requests": 16, "tokens": a.long_tokens,
+            "commit_seconds": published - t0, "publish_seconds": m["seconds_publish"],
+            "decoding_after_publish_seconds": min(ended) - published,
+            "whole": sum(n == a.long_tokens and reason == "length" for n, reason, _ in answers),
+            "steps": sorted({step for _, _, step in answers})}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
@@ -144,8 +234,15 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2, help="torch threads in this process (pinned)")
+    ap.add_argument("--part", choices=["machinery", "sharding", "publish"], default="machinery")
+    ap.add_argument("--long-tokens", type=int, default=384, help="publish: each long request's tokens")
+    ap.add_argument("--settle", type=float, default=5.0, help="publish: seconds before the step is published")
     a = ap.parse_args()
     pin_threads(a.threads)
+    if a.part != "machinery":
+        out = asyncio.run(sharding(a) if a.part == "sharding" else publish(a))
+        print(f"wrote {save_result(f'scale_{a.part}', out)}: {out}")
+        return
     out = asyncio.run(main_async(a))
     path = save_result("scale", out)
     print(f"wrote {path}")

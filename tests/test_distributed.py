@@ -22,6 +22,13 @@ from backends.local.sft import SFTConfig, sft_step
 from backends.local.trainer import Row, TrainConfig, train_step
 
 CACHE = Path(os.environ.get("ARTSDK_CACHE") or Path.home() / ".cache" / "artsdk")
+# bench/gpu_check.sh sets cuda: then each rank has a GPU of its own and the ranks meet over NCCL
+ON_GPU = os.environ.get("ARTSDK_TEST_DEVICE", "cpu").startswith("cuda")
+needs_two = pytest.mark.skipif(ON_GPU and torch.cuda.device_count() < 2, reason="two ranks need two GPUs (NCCL)")
+
+
+def device(rank: int = 0) -> str:
+    return f"cuda:{rank}" if ON_GPU else "cpu"
 CASES = {
     "cispo, 2 mini-batches x 2 epochs": {"loss": "cispo", "minibatches": 2, "epochs": 2},
     "grpo with a KL term, 3 mini-batches": {"loss": "grpo", "minibatches": 3, "beta": 0.1},
@@ -59,10 +66,12 @@ def step(case: str, shard: Shard, dtype: str = "float32") -> dict:
     torch.manual_seed(0)
     train = TrainConfig.build(TrainConfig(), {"learning_rate": 1e-2, "tokens_per_row": ROW,
                                               **{k: v for k, v in settings.items() if k != "sft"}})
-    policy = Policy(art.TrainableModel("dist", base_model="tiny"), cache=CACHE, device="cpu",
-                    dtype=getattr(torch, dtype), train_config=train)
+    where = device(shard.rank)
+    # sharded: loaded into memory, each rank's share then moved to its device
+    policy = Policy(art.TrainableModel("dist", base_model="tiny"), cache=CACHE,
+                    device="cpu" if shard.sharded else where, dtype=getattr(torch, dtype), train_config=train)
     if shard.sharded:
-        fsdp.shard(policy, "cpu")
+        fsdp.shard(policy, where)
     for g in policy.optimizer.param_groups:
         g["lr"] = train.learning_rate
     tk = policy.tokenizing(0)
@@ -71,16 +80,16 @@ def step(case: str, shard: Shard, dtype: str = "float32") -> dict:
         trajs = [t for g in groups(policy) for t in g]
         metrics = sft_step(policy.model, policy.optimizer, trajs, SFTConfig.build({"epochs": 2, "batch_size": 5, "learning_rate": 1e-2,
                                                                                    "tokens_per_row": ROW}, seed=0),
-                           tk, device="cpu", shard=shard)
+                           tk, device=where, shard=shard)
     else:
-        metrics = train_step(policy.model, policy.optimizer, groups(policy), train, tk, device="cpu",
+        metrics = train_step(policy.model, policy.optimizer, groups(policy), train, tk, device=where,
                              reference=policy.model.disable_adapter, shard=shard)
     result = {"metrics": metrics, "adapter": adapter_of(policy), **fsdp.held(policy.model)}
     if shard.sharded:  # the checkpoint's state, gathered whole, scattered into a fresh sharded model
         weights, state = fsdp.gather(policy.model, policy.optimizer)
         fresh = Policy(art.TrainableModel("dist", base_model="tiny"), cache=CACHE, device="cpu",
                        dtype=getattr(torch, dtype), train_config=TrainConfig(seed=1))
-        fsdp.shard(fresh, "cpu")
+        fsdp.shard(fresh, where)
         assert adapter_of(fresh) != result["adapter"]
         fsdp.scatter(fresh.model, fresh.optimizer, weights, state)
         weights2, state2 = fsdp.gather(fresh.model, fresh.optimizer)
@@ -102,7 +111,10 @@ def rank_main(rank: int, world: int, port: int, case: str, out: str, sharded: bo
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    if ON_GPU:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if ON_GPU else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
     ghosts = 0
     make_ghost = Row.as_ghost
 
@@ -126,6 +138,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@needs_two
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_ranks_make_the_step_one_process_makes(case, tmp_path):
     import torch.multiprocessing as mp
@@ -160,6 +173,7 @@ def step_zero_adapter() -> list[float]:
     return adapter_of(policy)
 
 
+@needs_two
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_sharded_ranks_make_the_step_one_process_makes(case, tmp_path):
     """FSDP over two ranks: each holds about half of the model, and the step is the one-process
@@ -191,6 +205,7 @@ def test_two_sharded_ranks_make_the_step_one_process_makes(case, tmp_path):
         assert ranks[1]["ghosts"] > 0  # rank 1 took ghost turns, and the step is still the same
 
 
+@needs_two
 def test_two_sharded_ranks_in_bf16_make_the_one_process_step(tmp_path):
     """The same in bf16 (base weights bf16, the adapter kept in float32 by peft: one shard unit
     holds both): the figures agree to bf16's precision, and the state gathers and scatters whole."""

@@ -178,7 +178,10 @@ class TrainerRank:
     def info(self) -> dict[str, Any]:
         import os
 
+        import resource
+
         from backends.local import fsdp
 
         return {"rank": self.rank, "step": self.step, "pid": os.getpid(),
-                "pending": self.pending[0] if self.pending else None, **fsdp.held(self.policy.model)}
+                "pending": self.pending[0] if self.pending else None, **fsdp.held(self.policy.model),
+                "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # (Linux: KiB)
