@@ -77,11 +77,16 @@ async def one(how: str, a: argparse.Namespace) -> dict[str, Any]:
 
 
 async def main_async(a: argparse.Namespace) -> dict[str, Any]:
-    seq = await one("sequential", a)
-    pipe = await one("pipelined", a)
+    pairs = []
+    for _ in range(a.repeat):  # each pair in turn, so both see the same machine
+        pairs.append((await one("sequential", a), await one("pipelined", a)))
+    seq, pipe = pairs[0]
+    ratios = [p["wall_s"] / s["wall_s"] for s, p in pairs]
+    mean = sum(ratios) / len(ratios)
+    se = (sum((r - mean) ** 2 for r in ratios) / (len(ratios) - 1) / len(ratios)) ** 0.5 if len(ratios) > 1 else None
     out = {"model": a.model, "threads": a.threads, "steps": a.steps, "scenarios_per_step": a.per_step,
            "group_size": a.group_size, "turns": a.turns, "tool_s": a.tool_s, "sequential": seq, "pipelined": pipe,
-           "ratio": pipe["wall_s"] / seq["wall_s"]}
+           "ratio": mean, "ratio_se": se, "ratios": ratios, "repeats": a.repeat}
     print(f"sequential {seq['wall_s']:.1f} s (training {seq['train_s']:.1f} s), pipelined {pipe['wall_s']:.1f} s "
           f"(training {pipe['train_s']:.1f} s): {out['ratio']:.2f}x the wall time; policy lag at most "
           f"{pipe['policy_lag_max']:.0f}")
@@ -98,6 +103,7 @@ def main() -> None:
     ap.add_argument("--tool-s", type=float, default=1.0)
     ap.add_argument("--epochs", type=int, default=30, help="passes over a step's batch: the step's training time")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3, help="pairs of runs (the ratio's mean and standard error)")
     a = ap.parse_args()
     pin_threads(a.threads)
     save_result("pipeline", asyncio.run(main_async(a)))

@@ -271,6 +271,61 @@ def section_scale(rs: list[dict]) -> list[str]:
                       "on one core where the local backend uses every core, two ranks on two.", ""]
 
 
+def section_scale_more(rs: list[dict]) -> list[str]:
+    """bench.scale --part sharding / --part publish (either may be missing)."""
+    out: list[str] = []
+    for r in rs:
+        if "runs" in r:  # sharding
+            out += ["### Sharded ranks", "",
+                    f"`python -m bench.scale --part sharding`: {r['model'].split('/')[-1]}, two trainer ranks on this "
+                    f"machine ({r['cpus']} cores), one step of the same groups with each rank holding the whole model "
+                    "and sharded (`shard = \"fsdp\"`, gloo).", "",
+                    "| shard | each rank holds (of the parameters) | its weights | peak memory of a rank | step | loss |",
+                    "|---|---|---|---|---|---|"]
+            for x in r["runs"]:
+                out.append(f"| {x['shard']} | {' / '.join(f'{f:.2f}' for f in x['params_fraction'])} | "
+                           f"{' / '.join(f'{g * 1024:.0f} MB' for g in x['weights_gb'])} | "
+                           f"{' / '.join(f'{g:.2f} GB' for g in x['peak_rss_gb'])} | {x['step_seconds']:.1f} s | "
+                           f"{x['loss']:+.5f} |")
+            out += ["", "A rank's peak memory includes reading the whole model from disk before it is sharded (on "
+                        "the CPU, where the shares stay); on GPUs a device only ever holds its share.", ""]
+        else:  # publish
+            out += ["### Publishing a step while requests are in flight", "",
+                    f"`python -m bench.scale --part publish`: {r['model'].split('/')[-1]}, one replica (built-in engine) "
+                    f"decoding {r['requests']} requests of {r['tokens']} tokens as one batch when the next step is "
+                    "published to it.", "",
+                    "| loading the step on the replica | the whole commit (checkpoint, load, routing) | the batch went on "
+                    "decoding after it for | requests finished whole | the step they were answered on |",
+                    "|---|---|---|---|---|",
+                    f"| {r['publish_seconds']:.2f} s | {r['commit_seconds']:.2f} s | "
+                    f"{r['decoding_after_publish_seconds']:.1f} s | {r['whole']} of {r['requests']} | "
+                    f"{', '.join(r['steps'])} |", "",
+                    "Loading a step used to wait for the batch in flight to end: here it would have taken the third "
+                    "column's time instead of the first's.", ""]
+    return out
+
+
+def section_pipeline(rs: list[dict]) -> list[str]:
+    r = rs[0]
+    seq, pipe = r["sequential"], r["pipelined"]
+    return ["## Rollouts beside training: `run.loop`", "",
+            f"`python -m bench.pipeline`: the {r['model']} model on the local backend ({r['threads']} threads), an "
+            f"agent of {r['turns']} turns whose tool waits {r['tool_s']:g} s a turn, {r['steps']} steps of "
+            f"{r['scenarios_per_step']} scenarios x {r['group_size']}: gather then train, against `run.loop` with "
+            "`max_policy_lag=1`, in one run.", "",
+            "| loop | wall time | training | training reward by step | largest policy lag |", "|---|---|---|---|---|",
+            f"| gather, then train | {seq['wall_s']:.1f} s | {seq['train_s']:.1f} s | "
+            f"{' / '.join(f'{x:.2f}' for x in seq['rewards'])} | {seq['policy_lag_max']:.0f} |",
+            f"| `run.loop` | {pipe['wall_s']:.1f} s ({pipe['wall_s'] / seq['wall_s']:.2f}x) | {pipe['train_s']:.1f} s | "
+            f"{' / '.join(f'{x:.2f}' for x in pipe['rewards'])} | {pipe['policy_lag_max']:.0f} |", "",
+            *([f"Over {r['repeats']} pairs of runs, `run.loop` took {r['ratio']:.2f}x ± {r['ratio_se']:.2f} the wall "
+               f"time of gather-then-train (ratios {', '.join(f'{x:.2f}' for x in r['ratios'])}); the table is the "
+               "first pair.", ""] if r.get("ratio_se") is not None else
+              ["One pair of runs (`--repeat` runs more).", ""]),
+            "On one device the model either generates or trains: what overlaps is the rollouts' waiting (the tool) "
+            "with training. The rewards are one run each (a few steps of the tiny model), not a learning result.", ""]
+
+
 def section_viewer(rs: list[dict]) -> list[str]:
     r = rs[0]
     small, large = str(r["small"]), str(r["large"])
@@ -384,7 +439,9 @@ SECTIONS = [
     (("remote_overhead_tiny", "remote_overhead"), section_remote),
     (("memory",), section_memory),
     (("learning",), section_learning),
+    (("pipeline",), section_pipeline),
     (("scale",), section_scale),
+    (("scale_sharding", "scale_publish"), section_scale_more),
     (("viewer",), section_viewer),
 ]
 
