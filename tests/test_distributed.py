@@ -106,8 +106,8 @@ def adapter_of(policy: Policy) -> list[float]:
     return torch.cat([weights[k].flatten() for k in sorted(weights)]).tolist()
 
 
-def rank_main(rank: int, world: int, port: int, case: str, out: str, sharded: bool = False,
-              dtype: str = "float32") -> None:
+def rank_main(rank: int, world: int, port: int, cases: list[tuple[str, str]], out: str, sharded: bool = False) -> None:
+    """Train each (case, dtype) in turn in one process group; rank<r>-<i>.json for the i-th."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -125,11 +125,17 @@ def rank_main(rank: int, world: int, port: int, case: str, out: str, sharded: bo
 
     Row.as_ghost = counted
     try:
-        result = step(case, Shard(rank, world, sharded=sharded), dtype)
+        for i, (case, dtype) in enumerate(cases):
+            ghosts = 0
+            result = step(case, Shard(rank, world, sharded=sharded), dtype)
+            Path(out, f"rank{rank}-{i}.json").write_text(json.dumps({**result, "ghosts": ghosts}))
     finally:
         Row.as_ghost = make_ghost
         dist.destroy_process_group()
-    Path(out, f"rank{rank}.json").write_text(json.dumps({**result, "ghosts": ghosts}))
+
+
+def ranks_of(out: Path, i: int = 0) -> list[dict]:
+    return [json.loads((out / f"rank{r}-{i}.json").read_text()) for r in range(2)]
 
 
 def free_port() -> int:
@@ -138,14 +144,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@needs_two
-@pytest.mark.parametrize("case", list(CASES))
-def test_two_ranks_make_the_step_one_process_makes(case, tmp_path):
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory) -> Path:
+    """Every case trained by two ranks each holding the whole model, in one pair of processes."""
     import torch.multiprocessing as mp
 
+    out = tmp_path_factory.mktemp("whole")
+    mp.spawn(rank_main, args=(2, free_port(), [(case, "float32") for case in CASES], str(out)), nprocs=2, join=True)
+    return out
+
+
+@needs_two
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_ranks_make_the_step_one_process_makes(case, whole):
     alone = step(case, Shard())
-    mp.spawn(rank_main, args=(2, free_port(), case, str(tmp_path)), nprocs=2, join=True)
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = ranks_of(whole, list(CASES).index(case))
     assert ranks[0]["adapter"] == ranks[1]["adapter"]  # the ranks agree exactly
     one, two, start = torch.tensor(alone["adapter"]), torch.tensor(ranks[0]["adapter"]), torch.tensor(step_zero_adapter())
     moved, apart = (one - start).abs(), (one - two).abs()
@@ -173,16 +186,26 @@ def step_zero_adapter() -> list[float]:
     return adapter_of(policy)
 
 
-@needs_two
-@pytest.mark.parametrize("case", list(CASES))
-def test_two_sharded_ranks_make_the_step_one_process_makes(case, tmp_path):
-    """FSDP over two ranks: each holds about half of the model, and the step is the one-process
-    step -- loss and gradient norm within 1e-5, the adapter up to float noise."""
+SHARDED = [(case, "float32") for case in CASES] + [("cispo, 2 mini-batches x 2 epochs", "bfloat16")]
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> Path:
+    """Every case trained by two sharded ranks, in one pair of processes (they start once)."""
     import torch.multiprocessing as mp
 
+    out = tmp_path_factory.mktemp("sharded")
+    mp.spawn(rank_main, args=(2, free_port(), SHARDED, str(out), True), nprocs=2, join=True)
+    return out
+
+
+@needs_two
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_sharded_ranks_make_the_step_one_process_makes(case, sharded):
+    """FSDP over two ranks: each holds about half of the model, and the step is the one-process
+    step -- loss and gradient norm within 1e-5, the adapter up to float noise."""
     alone = step(case, Shard())
-    mp.spawn(rank_main, args=(2, free_port(), case, str(tmp_path), True), nprocs=2, join=True)
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = ranks_of(sharded, SHARDED.index((case, "float32")))
     assert alone["rank_params_fraction"] == 1.0
     for r in ranks:
         assert 0.45 < r["rank_params_fraction"] <= 0.55, r["rank_params_fraction"]
@@ -206,15 +229,12 @@ def test_two_sharded_ranks_make_the_step_one_process_makes(case, tmp_path):
 
 
 @needs_two
-def test_two_sharded_ranks_in_bf16_make_the_one_process_step(tmp_path):
+def test_two_sharded_ranks_in_bf16_make_the_one_process_step(sharded):
     """The same in bf16 (base weights bf16, the adapter kept in float32 by peft: one shard unit
     holds both): the figures agree to bf16's precision, and the state gathers and scatters whole."""
-    import torch.multiprocessing as mp
-
     case = "cispo, 2 mini-batches x 2 epochs"
     alone = step(case, Shard(), "bfloat16")
-    mp.spawn(rank_main, args=(2, free_port(), case, str(tmp_path), True, "bfloat16"), nprocs=2, join=True)
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = ranks_of(sharded, SHARDED.index((case, "bfloat16")))
     for r in ranks:
         assert 0.45 < r["rank_params_fraction"] <= 0.55 and r["round_trip"]
     m1, m2 = alone["metrics"], ranks[0]["metrics"]
