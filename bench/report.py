@@ -280,15 +280,20 @@ def section_scale_more(rs: list[dict]) -> list[str]:
                     f"`python -m bench.scale --part sharding`: {r['model'].split('/')[-1]}, two trainer ranks on this "
                     f"machine ({r['cpus']} cores), one step of the same groups with each rank holding the whole model "
                     "and sharded (`shard = \"fsdp\"`, gloo).", "",
-                    "| shard | each rank holds (of the parameters) | its weights | peak memory of a rank | step | loss |",
-                    "|---|---|---|---|---|---|"]
+                    "| shard | each rank holds (of the parameters) | its weights | a rank's memory after the step | "
+                    "its peak | step | loss |",
+                    "|---|---|---|---|---|---|---|"]
             for x in r["runs"]:
                 out.append(f"| {x['shard']} | {' / '.join(f'{f:.2f}' for f in x['params_fraction'])} | "
                            f"{' / '.join(f'{g * 1024:.0f} MB' for g in x['weights_gb'])} | "
-                           f"{' / '.join(f'{g:.2f} GB' for g in x['peak_rss_gb'])} | {x['step_seconds']:.1f} s | "
-                           f"{x['loss']:+.5f} |")
-            out += ["", "A rank's peak memory includes reading the whole model from disk before it is sharded (on "
-                        "the CPU, where the shares stay); on GPUs a device only ever holds its share.", ""]
+                           f"{' / '.join(f'{g:.2f} GB' for g in x.get('rss_gb', []))} | "
+                           f"{' / '.join(f'{g:.2f} GB' for g in x['peak_rss_gb'])} | {x['step_seconds']:.0f} s | "
+                           f"{x['loss']:.7f} |")
+            out += ["", "Step times were taken on shared cores (other work ran beside them): compare the memory, not "
+                        "the seconds. A sharded rank's peak includes reading the whole model from disk before it is "
+                        "sharded, and the layers gathered while they run: on the CPU, where the shares stay, that "
+                        "peak is above an unsharded rank's. On GPUs a device only ever holds its share; what the "
+                        "sharding saves there is the device memory that bounds the model's size.", ""]
         else:  # publish
             out += ["### Publishing a step while requests are in flight", "",
                     f"`python -m bench.scale --part publish`: {r['model'].split('/')[-1]}, one replica (built-in engine) "

@@ -146,22 +146,29 @@ async def gather_and_train(be, model: art.TrainableModel, endpoint, a: argparse.
             "loop_other_seconds": total - rollout - train}
 
 
+async def model_and_groups(base_model: str, home: str, groups: int, size: int) -> tuple[art.TrainableModel, list]:
+    """The benchmark's model and ``groups`` x ``size`` trajectories of its tokens."""
+    from backends.local import LocalBackend
+
+    model = art.TrainableModel("bench", base_model=base_model, project="bench", config={"train": {"learning_rate": 1e-3}})
+    tokens = LocalBackend(device="cpu", home=f"{home}/tokens", http=False)
+    await tokens.register(model)
+    made = make_groups(groups, size, tokens.models["bench"].model.get_input_embeddings().weight.shape[0])
+    await tokens.close()
+    return model, made
+
+
 async def sharding(a: argparse.Namespace) -> dict:
     """Two ranks, whole then sharded: what a rank holds, and the step it makes."""
     import ray
 
-    from backends.local import LocalBackend
     from backends.ray import RayBackend
 
     out: dict = {"model": a.model, "cpus": os.cpu_count(), "runs": []}
     ray.init(num_cpus=max(6, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
     try:
         with tempfile.TemporaryDirectory() as home:
-            model = art.TrainableModel("bench", base_model=a.model, project="bench", config={"train": {"learning_rate": 1e-3}})
-            tokens = LocalBackend(device="cpu", home=f"{home}/tokens", http=False)
-            await tokens.register(model)
-            groups = make_groups(4, 8, tokens.models["bench"].model.get_input_embeddings().weight.shape[0])
-            await tokens.close()
+            model, groups = await model_and_groups(a.model, home, 4, 8)
             for shard in ("none", "fsdp"):
                 be = RayBackend(device="cpu", home=f"{home}/{shard}", replicas=1, trainers=2, shard=shard)
                 await be.register(model)
@@ -173,7 +180,8 @@ async def sharding(a: argparse.Namespace) -> dict:
                                     "grad_norm": r.metrics["grad_norm"],
                                     "params_fraction": [x["rank_params_fraction"] for x in ranks],
                                     "weights_gb": [x["rank_weights_gb"] for x in ranks],
-                                    "peak_rss_gb": [x["peak_rss_gb"] for x in ranks]})
+                                    "peak_rss_gb": [x["peak_rss_gb"] for x in ranks],
+                                    "rss_gb": [x["rss_gb"] for x in ranks]})
                 await be.close()
     finally:
         ray.shutdown()
@@ -184,17 +192,12 @@ async def publish(a: argparse.Namespace) -> dict:
     """A step published while 16 long requests are decoded on the one replica."""
     import ray
 
-    from backends.local import LocalBackend
     from backends.ray import RayBackend
 
     ray.init(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
     try:
         with tempfile.TemporaryDirectory() as home:
-            model = art.TrainableModel("bench", base_model=a.model, project="bench", config={"train": {"learning_rate": 1e-3}})
-            tokens = LocalBackend(device="cpu", home=f"{home}/tokens", http=False)
-            await tokens.register(model)
-            groups = make_groups(2, 4, tokens.models["bench"].model.get_input_embeddings().weight.shape[0])
-            await tokens.close()
+            model, groups = await model_and_groups(a.model, home, 2, 4)
             be = RayBackend(device="cpu", home=f"{home}/ray", replicas=1, trainers=1)
             endpoint = await be.register(model)
             await be.train(model, groups)  # step 1 (the replica's first adapters are made with no batch running)

@@ -184,4 +184,16 @@ class TrainerRank:
 
         return {"rank": self.rank, "step": self.step, "pid": os.getpid(),
                 "pending": self.pending[0] if self.pending else None, **fsdp.held(self.policy.model),
-                "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # (Linux: KiB)
+                "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # (Linux: KiB)
+                "rss_gb": _resident_gb()}
+
+
+def _resident_gb() -> float:
+    """This process's resident memory now (Linux; 0 where /proc is absent)."""
+    import os
+
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (OSError, ValueError, IndexError):
+        return 0.0
