@@ -1,7 +1,7 @@
 """``run.loop``: gathering goes on while earlier steps train, never past the lag bound; with a
 bound of 0 it is the sequential loop, step for step; a failed rollout or a refused step does
 not stop it; dynamic sampling fills a step with groups that have signal. The local backend,
-the tiny model."""
+the tiny model (and the same loop on the remote and ray backends)."""
 
 import asyncio
 
@@ -192,3 +192,28 @@ async def test_the_loop_runs_the_same_on_the_remote_backend(tmp_path, art_store)
     assert [r.step for r in results] == [1, 2, 3] and all(r.trained for r in results)
     assert all(r.metrics["policy_lag_max"] <= 1 and (r.step - 1) - r.metrics["loop/gathered_at_step"] <= 1
                for r in results)
+
+
+async def test_the_loop_runs_the_same_on_the_ray_backend(tmp_path, art_store):
+    """One replica and one rank on their own cores: rollouts go on while the rank trains."""
+    ray = pytest.importorskip("ray")
+    from backends.ray import RayBackend
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    client = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused", max_retries=0)
+    try:
+        be = RayBackend(device="cpu", dtype="float32", home=str(tmp_path / "ray"), replicas=1, trainers=1,
+                        health_interval_s=0.5)
+        model = art.TrainableModel("m", base_model="tiny", project="loop", config={"train": {"epochs": 20}})
+        async with art.session(model, backend=be) as run:
+            results = [r async for r in run.loop(make_agent(client, delay=0.2), scenarios(12), group_size=2,
+                                                 rewards=[first_token], steps=3, scenarios_per_step=3,
+                                                 max_policy_lag=1)]
+        await be.close()
+    finally:
+        await client.close()
+        ray.shutdown()
+    assert [r.step for r in results] == [1, 2, 3] and all(r.trained for r in results)
+    assert all(r.metrics["policy_lag_max"] <= 1 and (r.step - 1) - r.metrics["loop/gathered_at_step"] <= 1
+               for r in results)
+    assert any(r.metrics["loop/gathered_at_step"] < r.step - 1 for r in results)  # gathered while a step trained
