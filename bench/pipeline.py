@@ -52,7 +52,12 @@ async def one(how: str, a: argparse.Namespace) -> dict[str, Any]:
     questions = [f"question {i}" for i in range(a.steps * a.per_step)]
     with tempfile.TemporaryDirectory() as home:
         art.configure(home=home, store=f"{home}/store.db")
-        be = LocalBackend(device="cpu", home=home)
+        if a.backend == "ray":  # one replica and one rank, each on a core of its own
+            from backends.ray import RayBackend
+
+            be = RayBackend(device="cpu", home=home, replicas=1, trainers=1)
+        else:
+            be = LocalBackend(device="cpu", home=home)
         model = art.TrainableModel("bench", base_model=a.model, project="pipeline",
                                    config={"train": {"seed": 0, "epochs": a.epochs}})
         async with art.session(model, backend=be) as run:
@@ -84,7 +89,7 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
     ratios = [p["wall_s"] / s["wall_s"] for s, p in pairs]
     mean = sum(ratios) / len(ratios)
     se = (sum((r - mean) ** 2 for r in ratios) / (len(ratios) - 1) / len(ratios)) ** 0.5 if len(ratios) > 1 else None
-    out = {"model": a.model, "threads": a.threads, "steps": a.steps, "scenarios_per_step": a.per_step,
+    out = {"model": a.model, "backend": a.backend, "threads": a.threads, "steps": a.steps, "scenarios_per_step": a.per_step,
            "group_size": a.group_size, "turns": a.turns, "tool_s": a.tool_s, "sequential": seq, "pipelined": pipe,
            "ratio": mean, "ratio_se": se, "ratios": ratios, "repeats": a.repeat}
     print(f"sequential {seq['wall_s']:.1f} s (training {seq['train_s']:.1f} s), pipelined {pipe['wall_s']:.1f} s "
@@ -104,9 +109,14 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=30, help="passes over a step's batch: the step's training time")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3, help="pairs of runs (the ratio's mean and standard error)")
+    ap.add_argument("--backend", choices=["local", "ray"], default="local")
     a = ap.parse_args()
     pin_threads(a.threads)
-    save_result("pipeline", asyncio.run(main_async(a)))
+    if a.backend == "ray":
+        import ray
+
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    save_result("pipeline" + ("_ray" if a.backend == "ray" else ""), asyncio.run(main_async(a)))
 
 
 if __name__ == "__main__":

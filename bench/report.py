@@ -288,12 +288,13 @@ def section_scale_more(rs: list[dict]) -> list[str]:
                            f"{' / '.join(f'{g * 1024:.0f} MB' for g in x['weights_gb'])} | "
                            f"{' / '.join(f'{g:.2f} GB' for g in x.get('rss_gb', []))} | "
                            f"{' / '.join(f'{g:.2f} GB' for g in x['peak_rss_gb'])} | {x['step_seconds']:.0f} s | "
-                           f"{x['loss']:.7f} |")
+                           f"{x['loss']:.6e} |")
             out += ["", "Step times were taken on shared cores (other work ran beside them): compare the memory, not "
                         "the seconds. A sharded rank's peak includes reading the whole model from disk before it is "
                         "sharded, and the layers gathered while they run: on the CPU, where the shares stay, that "
-                        "peak is above an unsharded rank's. On GPUs a device only ever holds its share; what the "
-                        "sharding saves there is the device memory that bounds the model's size.", ""]
+                        "peak is above an unsharded rank's. On GPUs the ranks read the model into host memory and move "
+                        "only their share to the device, so the device memory that bounds the model's size is what "
+                        "sharding saves (not measured here: no GPU).", ""]
         else:  # publish
             out += ["### Publishing a step while requests are in flight", "",
                     f"`python -m bench.scale --part publish`: {r['model'].split('/')[-1]}, one replica (built-in engine) "
@@ -311,24 +312,29 @@ def section_scale_more(rs: list[dict]) -> list[str]:
 
 
 def section_pipeline(rs: list[dict]) -> list[str]:
-    r = rs[0]
-    seq, pipe = r["sequential"], r["pipelined"]
-    return ["## Rollouts beside training: `run.loop`", "",
-            f"`python -m bench.pipeline`: the {r['model']} model on the local backend ({r['threads']} threads), an "
-            f"agent of {r['turns']} turns whose tool waits {r['tool_s']:g} s a turn, {r['steps']} steps of "
-            f"{r['scenarios_per_step']} scenarios x {r['group_size']}: gather then train, against `run.loop` with "
-            "`max_policy_lag=1`, in one run.", "",
-            "| loop | wall time | training | training reward by step | largest policy lag |", "|---|---|---|---|---|",
-            f"| gather, then train | {seq['wall_s']:.1f} s | {seq['train_s']:.1f} s | "
-            f"{' / '.join(f'{x:.2f}' for x in seq['rewards'])} | {seq['policy_lag_max']:.0f} |",
-            f"| `run.loop` | {pipe['wall_s']:.1f} s ({pipe['wall_s'] / seq['wall_s']:.2f}x) | {pipe['train_s']:.1f} s | "
-            f"{' / '.join(f'{x:.2f}' for x in pipe['rewards'])} | {pipe['policy_lag_max']:.0f} |", "",
-            *([f"Over {r['repeats']} pairs of runs, `run.loop` took {r['ratio']:.2f}x ± {r['ratio_se']:.2f} the wall "
-               f"time of gather-then-train (ratios {', '.join(f'{x:.2f}' for x in r['ratios'])}); the table is the "
-               "first pair.", ""] if r.get("ratio_se") is not None else
-              ["One pair of runs (`--repeat` runs more).", ""]),
-            "On one device the model either generates or trains: what overlaps is the rollouts' waiting (the tool) "
-            "with training. The rewards are one run each (a few steps of the tiny model), not a learning result.", ""]
+    out = ["## Rollouts beside training: `run.loop`", ""]
+    for r in rs:
+        seq, pipe = r["sequential"], r["pipelined"]
+        ray = r.get("backend") == "ray"
+        out += [f"`python -m bench.pipeline{' --backend ray' if ray else ''}`: the {r['model']} model on the "
+                + ("ray backend, one replica and one rank on cores of their own" if ray else
+                   f"local backend ({r['threads']} threads)")
+                + f", an agent of {r['turns']} turns whose tool waits {r['tool_s']:g} s a turn, {r['steps']} steps of "
+                f"{r['scenarios_per_step']} scenarios x {r['group_size']}: gather then train, against `run.loop` with "
+                "`max_policy_lag=1`, in one run.", "",
+                "| loop | wall time | training | training reward by step | largest policy lag |", "|---|---|---|---|---|",
+                f"| gather, then train | {seq['wall_s']:.1f} s | {seq['train_s']:.1f} s | "
+                f"{' / '.join(f'{x:.2f}' for x in seq['rewards'])} | {seq['policy_lag_max']:.0f} |",
+                f"| `run.loop` | {pipe['wall_s']:.1f} s ({pipe['wall_s'] / seq['wall_s']:.2f}x) | {pipe['train_s']:.1f} s "
+                f"| {' / '.join(f'{x:.2f}' for x in pipe['rewards'])} | {pipe['policy_lag_max']:.0f} |", "",
+                *([f"Over {r['repeats']} pairs of runs, `run.loop` took {r['ratio']:.2f}x ± {r['ratio_se']:.2f} the "
+                   f"wall time of gather-then-train (ratios {', '.join(f'{x:.2f}' for x in r['ratios'])}); the table "
+                   "is the first pair.", ""] if r.get("ratio_se") is not None else
+                  ["One pair of runs (`--repeat` runs more).", ""])]
+    return out + ["On the local backend's one device the model either generates or trains: what overlaps is the "
+                  "rollouts' waiting (the tool) with training. On the ray backend the replica generates while the "
+                  "rank trains. The rewards are one run each (a few steps of the tiny model), not a learning result.",
+                  ""]
 
 
 def section_viewer(rs: list[dict]) -> list[str]:
@@ -444,7 +450,7 @@ SECTIONS = [
     (("remote_overhead_tiny", "remote_overhead"), section_remote),
     (("memory",), section_memory),
     (("learning",), section_learning),
-    (("pipeline",), section_pipeline),
+    (("pipeline", "pipeline_ray"), section_pipeline),
     (("scale",), section_scale),
     (("scale_sharding", "scale_publish"), section_scale_more),
     (("viewer",), section_viewer),
