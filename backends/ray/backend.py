@@ -12,13 +12,18 @@ trainers = 2                # trainer ranks (torch.distributed: gloo on CPUs, NC
 replica_gpus = 1            # per replica; also replica_cpus, replica_resources = {...}
 trainer_gpus = 1            # per rank; also trainer_cpus, trainer_resources = {...}
 device = "auto"             # as the local backend: "cpu", "cuda"; engine = "vllm" on GPUs
+shard = "fsdp"              # the model sharded over the ranks (backends/local/fsdp.py)
+checkpoints_url = "s3://bucket/runs"   # steps committed where a new driver takes over
 ```
 
 The driver (this process) holds the endpoint, writes every checkpoint (rank 0 sends the files;
-no shared filesystem is needed) and is the store's one writer. After a step the new adapter is
+no shared filesystem is needed) and is the store's one writer. With ``checkpoints_url`` each
+step is committed there first (backends/shared_storage.py), and a driver started again with
+the same URL resumes at the last committed step. After a step the new adapter is
 loaded by every ready replica before requests for the model's name go to it; a replica that
 fails to load it is drained, set up again by the health check and readmitted serving the
-current step. A replica Ray restarts (its node lost) is set up the same way before it takes
+current step. The health check asks every replica at once; each set-up runs on its own thread,
+bounded by ``setup_timeout_s``. A replica Ray restarts (its node lost) is set up the same way before it takes
 traffic. A trainer rank lost during a step abandons the step (no checkpoint, nothing served)
 and the ranks start again from the last checkpoint.
 """
