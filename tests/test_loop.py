@@ -172,14 +172,11 @@ async def test_requests_are_answered_between_a_steps_rows_and_the_step_is_unchan
     assert torch.equal(weights[0], weights[1])  # and the step is what it is without them
 
 
-async def test_the_loop_runs_the_same_on_the_remote_backend(tmp_path, art_store):
-    from backends.remote import RemoteBackend
-    from tests.serve_process import KEY, Serve, free_port
-
-    srv = Serve(tmp_path, free_port()).start()
+async def three_steps(be) -> list:
+    """``run.loop`` for three steps of three scenarios x 2 with lag 1 on ``be`` (closed after), its
+    results checked: every step trained, none past the lag bound."""
     client = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused", max_retries=0)
     try:
-        be = RemoteBackend(srv.url, api_key=KEY)
         model = art.TrainableModel("m", base_model="tiny", project="loop", config={"train": {"epochs": 20}})
         async with art.session(model, backend=be) as run:
             results = [r async for r in run.loop(make_agent(client, delay=0.2), scenarios(12), group_size=2,
@@ -187,11 +184,22 @@ async def test_the_loop_runs_the_same_on_the_remote_backend(tmp_path, art_store)
                                                  max_policy_lag=1)]
         await be.close()
     finally:
-        srv.stop()
         await client.close()
     assert [r.step for r in results] == [1, 2, 3] and all(r.trained for r in results)
     assert all(r.metrics["policy_lag_max"] <= 1 and (r.step - 1) - r.metrics["loop/gathered_at_step"] <= 1
                for r in results)
+    return results
+
+
+async def test_the_loop_runs_the_same_on_the_remote_backend(tmp_path, art_store):
+    from backends.remote import RemoteBackend
+    from tests.serve_process import KEY, Serve, free_port
+
+    srv = Serve(tmp_path, free_port()).start()
+    try:
+        await three_steps(RemoteBackend(srv.url, api_key=KEY))
+    finally:
+        srv.stop()
 
 
 async def test_the_loop_runs_the_same_on_the_ray_backend(tmp_path, art_store):
@@ -200,20 +208,9 @@ async def test_the_loop_runs_the_same_on_the_ray_backend(tmp_path, art_store):
     from backends.ray import RayBackend
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    client = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused", max_retries=0)
     try:
-        be = RayBackend(device="cpu", dtype="float32", home=str(tmp_path / "ray"), replicas=1, trainers=1,
-                        health_interval_s=0.5)
-        model = art.TrainableModel("m", base_model="tiny", project="loop", config={"train": {"epochs": 20}})
-        async with art.session(model, backend=be) as run:
-            results = [r async for r in run.loop(make_agent(client, delay=0.2), scenarios(12), group_size=2,
-                                                 rewards=[first_token], steps=3, scenarios_per_step=3,
-                                                 max_policy_lag=1)]
-        await be.close()
+        results = await three_steps(RayBackend(device="cpu", dtype="float32", home=str(tmp_path / "ray"), replicas=1,
+                                               trainers=1, health_interval_s=0.5))
     finally:
-        await client.close()
         ray.shutdown()
-    assert [r.step for r in results] == [1, 2, 3] and all(r.trained for r in results)
-    assert all(r.metrics["policy_lag_max"] <= 1 and (r.step - 1) - r.metrics["loop/gathered_at_step"] <= 1
-               for r in results)
     assert any(r.metrics["loop/gathered_at_step"] < r.step - 1 for r in results)  # gathered while a step trained
