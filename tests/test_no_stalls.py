@@ -63,7 +63,9 @@ async def test_health_answers_while_a_huge_request_is_handled(local, route):
 
     slowest, r = await health_while(url, send)
     assert r.status_code == 400 and "cannot fit" in r.json()["error"]["message"]
-    assert slowest < 1.0, slowest  # /health waited 12-31 s behind such a request before
+    # /health waited 12-31 s behind such a request before; what remains on the event loop is
+    # FastAPI reading the body (100,000 messages: about 0.6 s, more on a loaded machine)
+    assert slowest < 3.0, slowest
 
 
 async def test_a_request_just_under_the_bound_is_rendered_off_the_event_loop(local):

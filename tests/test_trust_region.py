@@ -380,4 +380,6 @@ async def test_gspo_ratio_and_weight_are_per_trajectory_across_rows(tmp_path):
         assert m["rows"] == (2 if whole else 12)  # a row per mini-batch, or a row per segment (6 trajectories have an advantage)
         weights.append(adapter(served))
         await be.close()
-    assert torch.allclose(weights[0], weights[1], rtol=1e-4, atol=1e-5), (weights[0] - weights[1]).abs().max()
+    # float noise between the two packings reaches 2e-5 on some machines; per-row ratios or weights
+    # (the defect) move the adapter by 0.03-0.08
+    assert torch.allclose(weights[0], weights[1], rtol=1e-4, atol=5e-4), (weights[0] - weights[1]).abs().max()
