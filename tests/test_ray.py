@@ -341,8 +341,9 @@ async def test_a_replica_that_cannot_load_a_step_is_drained_not_served_stale(ray
 
 
 async def test_a_step_cancelled_while_the_ranks_train_is_absent(ray_instance, tmp_path):
-    """Ctrl-C (the caller cancelled) while the ranks train: no checkpoint, the name stays on the
-    last step, the ranks' weights are put back, and the next step is made from there."""
+    """Ctrl-C (the caller cancelled) while the ranks train: the ranks stop together within a
+    mini-batch (the step asked for would take hours), no checkpoint, the name stays on the last
+    step, the ranks' weights are put back, and the next step is made from there."""
     from tests.test_trust_region import batch
 
     be = backend(tmp_path, replicas=1)
@@ -354,9 +355,9 @@ async def test_a_step_cancelled_while_the_ranks_train_is_absent(ray_instance, tm
         await be.register(model)
         assert (await be.train(model, small)).step == 1
         d = be.deployments["m"]
-        # 8 times the model's epochs: still under way at the cancel however fast the machine (8 epochs
-        # of this batch can take under 2 s); the ranks finish it before they put their weights back
-        step = asyncio.ensure_future(be.train(model, large, epochs=64))
+        # 10,000 epochs: still under way at the cancel however fast the machine, and far past the
+        # test's timeout unless the ranks stop when asked
+        step = asyncio.ensure_future(be.train(model, large, epochs=10_000))
         await asyncio.sleep(1.5)
         assert not step.done()
         step.cancel()

@@ -24,7 +24,7 @@ from artsdk.trajectory import Trajectory
 from .attention import packed_attention
 from .batch import Segment, Tokenizing, minibatches, pack, segments, weigh
 from .shard import ALONE, Shard
-from .trainer import Row, _check, _counting, _release_memory, _Snapshot, my_rows, norm_value
+from .trainer import Row, StepInterrupted, _check, _counting, _release_memory, _Snapshot, my_rows, norm_value
 
 
 @dataclass
@@ -115,6 +115,7 @@ def sft_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequenc
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mine = [my_rows(shard, b) for b in batches]
     between = _counting(between, progress, cfg.epochs * sum(len(m) for m in mine))
+    row_stop = shard.alone(stop)  # with several ranks a stop is acted on together (shard.py)
     try:
         with packed_attention(model):
             for epoch in range(cfg.epochs):
@@ -122,14 +123,15 @@ def sft_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequenc
                     optimizer.zero_grad(set_to_none=True)
                     loss_sum = 0.0
                     for row in rows:
-                        _check(stop, between)
+                        _check(row_stop, between)
                         if len(row.keep) == 0 and not row.ghost:
                             continue
                         loss = -(row.logprobs(model) * row.weight).sum() * (0.0 if row.ghost else 1.0)
                         loss.backward()
                         loss_sum += float(loss.detach())
                     tokens += sum(len(row.keep) for row in batch) if epoch == 0 else 0
-                    _check(stop)
+                    if shard.stopped(stop):
+                        raise StepInterrupted()
                     shard.sum_grads(params)
                     loss_sum = shard.sum([loss_sum])[0]
                     grad_norm = norm_value(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))

@@ -9,13 +9,17 @@ rank gathers the layers' weights from the others as it goes), so the ranks take 
 lockstep -- a rank short of rows in a mini-batch takes a turn that adds nothing -- and the
 gradients arrive already summed.
 
+A stop (Ctrl-C) reaches one rank: the ranks ask each other at the same points (``stopped``, a
+collective) and stop there together, so none is left waiting in a reduction.
+
 One process is ``ALONE``: every row its own, every sum itself.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, TypeVar
+from threading import Event
+from typing import Optional, Sequence, TypeVar
 
 import torch
 
@@ -55,6 +59,16 @@ class Shard:
             n = g.numel()
             p.grad = flat[at:at + n].view_as(p).to(p.dtype)
             at += n
+
+    def stopped(self, stop: Optional[Event]) -> bool:
+        """Whether any rank was asked to stop. With several ranks every rank asks at the same
+        points (a collective), so all of them stop at the first point after any was asked."""
+        asked = stop is not None and stop.is_set()
+        return asked if self.world == 1 else self.max([float(asked)])[0] > 0
+
+    def alone(self, stop: Optional[Event]) -> Optional[Event]:
+        """``stop`` where this process may act on it by itself (between rows): with one rank only."""
+        return stop if self.world == 1 else None
 
     def sum(self, values: Sequence[float]) -> list[float]:
         return self._reduce(values, "sum")

@@ -324,13 +324,16 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
     if cfg.gradient_checkpointing:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     between = _counting(between, progress, (int(old_pass) + cfg.epochs) * sum(len(b) for b in mine))
+    row_stop = shard.alone(stop)  # with several ranks a stop is acted on together, at each mini-batch's end
     try:
         with packed_attention(model):
             if old_pass:  # the old policy: the weights as they are before the first update
                 with torch.no_grad():
                     for row in (r for b in mine for r in b):
-                        _check(stop, between)
+                        _check(row_stop, between)
                         row.old = row.logprobs(model)
+                if shard.stopped(stop):
+                    raise StepInterrupted()
             gap_stats = _traj_stats([r for b in mine for r in b], spans, lambda r: r.old - r.sampler,
                                     shard) if spans else {}
             update = 0
@@ -342,10 +345,11 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
                         batch, spans, lambda r: r.logprobs(model) - r.old, shard).items()} if spans else {}
                     figures = dict.fromkeys(("loss", "clipped", "ratio", "tokens", "kl"), 0.0)
                     for row in batch:
-                        _check(stop, between)
+                        _check(row_stop, between)
                         _row_loss(model, row, cfg, eps_lo, eps_hi, reference, figures, sums if epoch == 0 else None,
                                   ratio_means, gap_stats)
-                    _check(stop)
+                    if shard.stopped(stop):
+                        raise StepInterrupted()
                     shard.sum_grads(params)
                     figures = dict(zip(figures, shard.sum(list(figures.values()))))
                     grad_norm = norm_value(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))

@@ -334,7 +334,7 @@ class Deployment:
             raise BackendError(f"the cluster could not place {self.be.trainers} trainer rank(s) of {shape} "
                                f"({self.be.placement}) within {self.be.wait_s:.0f}s; its resources: "
                                f"{ray.cluster_resources()}") from None
-        actor = ray.remote(TrainerRank)
+        actor = ray.remote(concurrency_groups={"control": 1})(TrainerRank)  # interrupt() runs beside a step
         extra = {k: v for k, v in shape.items() if k not in ("CPU", "GPU")}
         self.ranks = [actor.options(
             num_cpus=shape.get("CPU", 0), num_gpus=shape.get("GPU", 0), resources=extra, max_restarts=0,
@@ -361,11 +361,11 @@ class Deployment:
             step = self.step + 1
             ref = ray.put(data)
             t0 = time.perf_counter()
-            calls = [getattr(r, kind).remote(step, ref, config) for r in self.ranks]
+            calls = [asyncio.ensure_future(getattr(r, kind).remote(step, ref, config)) for r in self.ranks]
             try:
                 results = await self._all(calls, step)
-            except asyncio.CancelledError:  # Ctrl-C: the ranks put the weights back once done
-                await asyncio.shield(self._rollback())
+            except asyncio.CancelledError:  # Ctrl-C: the ranks stop together and put the weights back
+                await asyncio.shield(self._interrupt(step, calls))
                 raise
             metrics = {**results[0], "seconds_ranks": time.perf_counter() - t0}
             if kind == "train" and not metrics.get("tokens_trained"):
@@ -373,12 +373,11 @@ class Deployment:
             # from here the step completes even if the caller is cancelled: whole, not half
             return await asyncio.shield(self._commit(step, metrics))
 
-    async def _all(self, calls: list[Any], step: int) -> list[dict[str, float]]:
+    async def _all(self, futures: list[asyncio.Future], step: int) -> list[dict[str, float]]:
         """Every rank's answer; a rank lost (or stuck behind one that failed alone) abandons
         the step and starts the ranks again from the last checkpoint."""
         import ray
 
-        futures = [asyncio.ensure_future(c) for c in calls]
         done, pending = await asyncio.wait(futures, return_when=asyncio.FIRST_EXCEPTION)
         if pending:  # one failed: the others get a moment to fail the same way (bad data), or are stuck
             more, pending = await asyncio.wait(pending, timeout=30)
@@ -427,6 +426,20 @@ class Deployment:
         for r in self.ranks:
             ray.kill(r, no_restart=True)
         self.ranks = []
+
+    async def _interrupt(self, step: int, calls: list[asyncio.Future]) -> None:
+        """Stop ``step`` on every rank (at the end of the mini-batch in hand), wait for the ranks
+        to answer, and put back whatever a rank that had already finished moved."""
+        import ray
+
+        try:
+            await asyncio.gather(*(r.interrupt.options(concurrency_group="control").remote(step) for r in self.ranks))
+        except ray.exceptions.RayError:
+            pass  # a rank that is gone: the rollback starts the ranks again
+        await asyncio.wait(calls)
+        for f in (f for f in calls if not f.cancelled()):
+            f.exception()  # StepInterrupted, by design (and read, so that it is not reported unread)
+        await self._rollback()
 
     async def _rollback(self) -> None:
         import ray

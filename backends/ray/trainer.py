@@ -8,7 +8,8 @@ trains its share of each mini-batch's rows and the sums are taken over all of th
 A step is two-phase: ``train`` makes it and keeps a snapshot of the weights before it;
 ``commit`` (once the checkpoint is written and the replicas serve it) lets the snapshot go,
 ``rollback`` puts the weights back. A submission of a step a rank has already made answers
-with that step's figures instead of training again.
+with that step's figures instead of training again. ``interrupt`` (Ctrl-C) stops a step under
+way: the ranks stop together at the end of a mini-batch, each with its weights put back.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import shutil
 import socket
 import tempfile
+import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional
@@ -53,6 +55,7 @@ class TrainerRank:
         self.step = 0
         self.made: dict[int, dict[str, float]] = {}  # the figures of the last steps made (for a duplicate)
         self.pending: Optional[tuple[int, Any, dict[str, float]]] = None  # (step, snapshot, figures)
+        self.running: Optional[tuple[int, threading.Event]] = None  # the step under way, and its stop
 
     # -- the group -------------------------------------------------------------------------
 
@@ -92,9 +95,10 @@ class TrainerRank:
         nothing to learn from (``tokens_trained`` 0)."""
         from backends.local.trainer import TrainConfig, train_step
 
-        def run(cfg: TrainConfig) -> dict[str, float]:
+        def run(cfg: TrainConfig, stop: threading.Event) -> dict[str, float]:
             return train_step(self.policy.model, self.policy.optimizer, groups, cfg, self.policy.tokenizing(self.step),
-                              device=self.device, reference=self.policy.model.disable_adapter, shard=self.shard)
+                              device=self.device, reference=self.policy.model.disable_adapter, stop=stop,
+                              shard=self.shard)
 
         return self._make(step, lambda: TrainConfig.build(self.train_config, overrides), run,
                           lambda m: m["tokens_trained"] > 0)
@@ -103,9 +107,9 @@ class TrainerRank:
         """Make ``step`` a supervised one (backends/local/sft.py)."""
         from backends.local.sft import SFTConfig, sft_step
 
-        def run(cfg: SFTConfig) -> dict[str, float]:
+        def run(cfg: SFTConfig, stop: threading.Event) -> dict[str, float]:
             return sft_step(self.policy.model, self.policy.optimizer, trajectories, cfg,
-                            self.policy.tokenizing(self.step), device=self.device, shard=self.shard)
+                            self.policy.tokenizing(self.step), device=self.device, stop=stop, shard=self.shard)
 
         return self._make(step, lambda: SFTConfig.build(overrides, seed=self.train_config.seed), run, lambda m: True)
 
@@ -128,10 +132,25 @@ class TrainerRank:
         self.policy.model.set_adapter("policy")
         from backends.local import fsdp
 
-        metrics = {**run(cfg), **fsdp.held(self.policy.model)}  # (what this rank holds of the model)
+        self.running = (step, threading.Event())
+        try:
+            metrics = {**run(cfg, self.running[1]), **fsdp.held(self.policy.model)}  # (what this rank holds)
+        finally:
+            self.running = None
         if moved(metrics):
             self.pending = (step, snapshot, metrics)
         return metrics
+
+    def interrupt(self, step: int) -> bool:
+        """Ask ``step``, under way, to stop (its caller was cancelled): the ranks stop together
+        at the end of the mini-batch in hand, each with its weights as before the step, and the
+        step raises StepInterrupted. Called in the actor's "control" concurrency group, beside
+        the step; False when ``step`` is not under way (not yet begun, or done)."""
+        running = self.running
+        if running is None or running[0] != step:
+            return False
+        running[1].set()
+        return True
 
     def _scatter(self, weights: dict[str, Any], optimizer_state: dict[str, Any]) -> None:
         from backends.local import fsdp
