@@ -43,6 +43,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from .slow_clients import KEEP_ALIVE
+
 # a scripted answer to the messages: the text, a message dict, or None for the usual rules
 Script = Callable[[list[dict[str, Any]]], Optional[Union[str, dict[str, Any]]]]
 
@@ -286,7 +288,8 @@ class MockServer:
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
-        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off")
+        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off",
+                                timeout_keep_alive=KEEP_ALIVE)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                         daemon=True)
@@ -324,7 +327,7 @@ def serve(port: int = 8765, host: str = "127.0.0.1") -> None:
     """Run it in the foreground until interrupted (``artsdk mock-server``)."""
     print(f"artsdk mock-server: http://{host}:{port}/v1 (an OpenAI-compatible stand-in: it echoes, and calls the "
           f"first tool when asked \"tool please\")", flush=True)
-    uvicorn.run(make_app(), host=host, port=port, log_level="warning", access_log=False)
+    uvicorn.run(make_app(), host=host, port=port, log_level="warning", access_log=False, timeout_keep_alive=KEEP_ALIVE)
 
 
 if __name__ == "__main__":  # python -m artsdk.mock_server PORT  (used by the benchmarks)

@@ -1,6 +1,6 @@
 """A deadline on each request's headers for the uvicorn servers (the backends' and the
 viewer's): a client that trickles its headers, or connects and sends nothing, cannot hold a
-connection."""
+connection. And how long an idle connection is kept (``KEEP_ALIVE``), for the same servers."""
 
 from __future__ import annotations
 
@@ -10,6 +10,11 @@ from typing import Optional
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 HEADER_TIMEOUT = 10.0  # seconds from the first byte of a request to the end of its headers
+# seconds an idle connection is kept open: longer than clients keep theirs (httpx, and so the
+# openai client, 5 s), so a client never reuses one just as the server closes it. uvicorn's
+# default, 5 s, raced httpx's: now and then a request went into a closing connection and the
+# client saw "Server disconnected without sending a response".
+KEEP_ALIVE = 75
 
 
 class GuardedH11(H11Protocol):

@@ -16,9 +16,9 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from artsdk.slow_clients import HEADER_TIMEOUT, GuardedH11
+from artsdk.slow_clients import HEADER_TIMEOUT, KEEP_ALIVE, GuardedH11
 
-__all__ = ["BODY_TIMEOUT", "HEADER_TIMEOUT", "GuardedH11", "ServerThread", "error", "guard"]
+__all__ = ["BODY_TIMEOUT", "HEADER_TIMEOUT", "KEEP_ALIVE", "GuardedH11", "ServerThread", "error", "guard"]
 
 BODY_TIMEOUT = 60.0  # seconds to receive a whole request body
 
@@ -110,7 +110,7 @@ class ServerThread:
         self.host, self.port = host, self._sock.getsockname()[1]
         self.base_url = f"http://{host}:{self.port}/v1"
         self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                                     http=GuardedH11))
+                                                     http=GuardedH11, timeout_keep_alive=KEEP_ALIVE))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                         name="artsdk-server", daemon=True)
         self._thread.start()

@@ -163,6 +163,28 @@ async def test_body_limit_counts_chunked_bytes_and_slow_clients_are_cut_off(loca
     await client.close()
 
 
+async def test_an_idle_connection_outlives_the_clients_own_keep_alive(local):
+    """httpx (and so the openai client) drops a connection idle for 5 s; a server that closed
+    its own at 5 s raced it, and a request now and then went into a closing connection. The
+    server keeps an idle connection past the client's 5 s: the same socket answers again at 6 s."""
+    _, _, endpoint = local
+    host, port = endpoint.base_url.removeprefix("http://").removesuffix("/v1").split(":")
+
+    def twice() -> list[bytes]:
+        answers = []
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            for pause in (0, 6):
+                time.sleep(pause)
+                try:
+                    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                    answers.append(s.recv(1000).split(b"\r\n")[0])
+                except (BrokenPipeError, ConnectionResetError):
+                    answers.append(b"<closed>")
+        return answers
+
+    assert await asyncio.to_thread(twice) == [b"HTTP/1.1 200 OK"] * 2
+
+
 # -- streams ------------------------------------------------------------------------------
 
 async def test_a_cut_stream_is_stored_incomplete_and_fails_its_rollout(server, art_store):

@@ -167,6 +167,6 @@ def serve(store: Optional[str] = None, host: str = "127.0.0.1", port: int = 7800
     app = build_app(Store(store) if store else Store(), api_key, allowed_hosts(host, port))
     shown = "localhost" if host in ("127.0.0.1", "::1") else host
     print(f"artsdk view: http://{shown}:{port}/" + ("?key=<your key>" if api_key else ""), flush=True)
-    from ..slow_clients import GuardedH11
+    from ..slow_clients import KEEP_ALIVE, GuardedH11
 
-    uvicorn.run(app, host=host, port=port, log_level="warning", http=GuardedH11)
+    uvicorn.run(app, host=host, port=port, log_level="warning", http=GuardedH11, timeout_keep_alive=KEEP_ALIVE)

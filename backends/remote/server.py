@@ -45,7 +45,7 @@ from artsdk.backend import TrainableModel
 from artsdk.errors import ArtError, ModelLoadError
 from artsdk.trajectory import Group, Trajectory
 
-from ..http import GuardedH11, error, guard
+from ..http import KEEP_ALIVE, GuardedH11, error, guard
 
 log = logging.getLogger("artsdk.serve")
 API_VERSION = "1"
@@ -399,4 +399,5 @@ def serve(backend_name: str = "local", host: str = "127.0.0.1", port: int = 7999
     print(f"artsdk serve: {backend_name} backend on http://{host}:{port} (API v{API_VERSION})", flush=True)
     # on SIGTERM / Ctrl-C uvicorn stops taking requests and lets running ones finish (up to
     # 30 s); a training step cut short leaves no checkpoint behind (they are written atomically)
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30, http=GuardedH11)
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30, http=GuardedH11,
+                timeout_keep_alive=KEEP_ALIVE)
