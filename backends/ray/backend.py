@@ -430,16 +430,16 @@ class Deployment:
     async def _interrupt(self, step: int, calls: list[asyncio.Future]) -> None:
         """Stop ``step`` on every rank (at the end of the mini-batch in hand), wait for the ranks
         to answer, and put back whatever a rank that had already finished moved."""
-        import ray
-
-        try:
-            await asyncio.gather(*(r.interrupt.options(concurrency_group="control").remote(step) for r in self.ranks))
-        except ray.exceptions.RayError:
-            pass  # a rank that is gone: the rollback starts the ranks again
+        await self._ask_to_stop(step)
         await asyncio.wait(calls)
         for f in (f for f in calls if not f.cancelled()):
             f.exception()  # StepInterrupted, by design (and read, so that it is not reported unread)
         await self._rollback()
+
+    async def _ask_to_stop(self, step: int) -> None:
+        """Ask every rank to stop ``step`` if it is under way (trainer.py: ``interrupt``)."""
+        await asyncio.gather(*(r.interrupt.options(concurrency_group="control").remote(step) for r in self.ranks),
+                             return_exceptions=True)  # a rank that is gone: it is ended or started again anyway
 
     async def _rollback(self) -> None:
         import ray
@@ -581,6 +581,7 @@ class Deployment:
             except (ray.exceptions.RayError, asyncio.TimeoutError):
                 pass
             ray.kill(r.actor, no_restart=True)
+        await self._ask_to_stop(self.step + 1)  # a step under way stops, so the ranks can close at once
         await self._end_ranks()
         try:
             await asyncio.wait_for(self._step_lock.acquire(), 120)
