@@ -330,11 +330,23 @@ def section_pipeline(rs: list[dict]) -> list[str]:
                 *([f"Over {r['repeats']} pairs of runs, `run.loop` took {r['ratio']:.2f}x ± {r['ratio_se']:.2f} the "
                    f"wall time of gather-then-train (ratios {', '.join(f'{x:.2f}' for x in r['ratios'])}); the table "
                    "is the first pair.", ""] if r.get("ratio_se") is not None else
-                  ["One pair of runs (`--repeat` runs more).", ""])]
+                  ["One pair of runs (`--repeat` runs more).", ""]),
+                f"The limit, were the overlap perfect and training as fast beside rollouts as alone: "
+                f"{_overlap_limit(seq, r['steps']):.2f}x (the first step's rollouts and the last step's training "
+                f"overlap nothing); training took {pipe['train_s'] / seq['train_s']:.2f}x as long pipelined, as it "
+                "shared the machine with the rollouts.", ""]
     return out + ["On the local backend's one device the model either generates or trains: what overlaps is the "
                   "rollouts' waiting (the tool) with training. On the ray backend the replica generates while the "
                   "rank trains. The rewards are one run each (a few steps of the tiny model), not a learning result.",
                   ""]
+
+
+def _overlap_limit(seq: dict, steps: int) -> float:
+    """The pipelined loop's wall time over the sequential one's with perfect overlap: each step's
+    rollouts (R) beside the step before's training (T), n max(R, T) + min(R, T) against n (R + T)."""
+    train = seq["train_s"] / steps
+    roll = (seq["wall_s"] - seq["train_s"]) / steps
+    return (steps * max(roll, train) + min(roll, train)) / (steps * (roll + train))
 
 
 def section_viewer(rs: list[dict]) -> list[str]:
