@@ -429,9 +429,12 @@ class Deployment:
 
     async def _interrupt(self, step: int, calls: list[asyncio.Future]) -> None:
         """Stop ``step`` on every rank (at the end of the mini-batch in hand), wait for the ranks
-        to answer, and put back whatever a rank that had already finished moved."""
-        await self._ask_to_stop(step)
-        await asyncio.wait(calls)
+        to answer, and put back whatever a rank that had already finished moved. Asked again each
+        second: a rank that had not yet begun the step when first asked stops once it has."""
+        pending = set(calls)
+        while pending:
+            await self._ask_to_stop(step)
+            _, pending = await asyncio.wait(calls, timeout=1.0)
         for f in (f for f in calls if not f.cancelled()):
             f.exception()  # StepInterrupted, by design (and read, so that it is not reported unread)
         await self._rollback()
