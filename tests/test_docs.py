@@ -44,7 +44,7 @@ def test_doc_examples_run_as_written(page, tmp_path):
         if page.name == "testing.md" else [sys.executable, str(script)]
     for run in (1,) if page.name in SLOW else (1, 2):
         out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
-                             timeout=SLOW.get(page.name, 300) - 10 if page.name in SLOW else 140)
+                             timeout=SLOW[page.name] - 10 if page.name in SLOW else 140)
         assert out.returncode == 0, f"{page.name}, run {run}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
         if page.name in SHELL:
             for line in (x for b in blocks(page, "bash") for x in b.splitlines() if x.strip()):
