@@ -24,7 +24,7 @@ from typing import Any, Awaitable, Callable, Generic, Iterator, Optional, Sequen
 import anyio
 
 from .capture import Recorder, current_recorder
-from .errors import RewardError
+from .errors import CaptureError, RewardError
 from .reconcile import note_changed_history, with_endpoint_record
 from .rewards import RewardLike, score
 from .trajectory import ErrorInfo, Trajectory, utcnow
@@ -159,6 +159,11 @@ class Rollout(Generic[R]):
             traj.step = steps[-1] if steps else None
         if not traj.calls and traj.error is None:
             traj.warnings.append(NO_CALLS)
+        if rec.refused is not None and traj.error is not None and traj.error.type != CaptureError.__name__:
+            # a library below the agent turned the refusal into an error of its own (asyncio's
+            # transports: a lost connection): the rollout failed because strict capture refused
+            traj.error = ErrorInfo(type=CaptureError.__name__, traceback=traj.error.traceback,
+                                   message=f"{rec.refused} (the agent got {traj.error.type}: {traj.error.message})")
         cut = next((c for c in traj.calls if c.incomplete and c.error), None)
         if cut is not None and traj.error is None:
             # the agent went on with an answer it did not know was cut short: not a result to train on

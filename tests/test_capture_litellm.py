@@ -152,3 +152,57 @@ def test_sync_responses_in_a_session_is_routed(server, art_store):
 
     t = anyio.run(run)
     assert t.outcome == "echo: hi" and t.calls[0].served_by == "ttt@0" and t.calls[0].choices[0].trainable
+
+
+async def test_a_call_a_litellm_callback_makes_is_a_call_of_its_own(kw, async_client, sync_client):
+    """litellm runs its callbacks after the call, from a thread or from its logging worker's
+    task, in a context copied while the patched call still ran: a call one made was sent as
+    the patched call's own inner request -- unrecorded, unrouted, unreported."""
+    import asyncio
+
+    from artsdk.capture import current_recorder
+
+    def answered():  # calls of the running rollout that have their answer
+        return sum(c is not None for c in current_recorder.get().calls)
+
+    async def judge(kwargs, response, start, end):  # an async callback, run by litellm's logging worker
+        asked = kwargs["messages"][0]["content"]
+        if asked.startswith("q"):
+            await async_client.chat.completions.create(model="m", messages=user(f"judge {asked}"))
+
+    def note(kwargs, response, start, end):  # a sync one, run on litellm's thread pool
+        asked = kwargs["messages"][0]["content"]
+        if asked.startswith("s"):
+            sync_client.chat.completions.create(model="m", messages=user(f"note {asked}"))
+
+    @art.rollout
+    async def agent(q):
+        r = await litellm.acompletion(messages=user(q), **kw)
+        for _ in range(100):  # the callback runs after the answer: wait for it, as a rollout would for a judge
+            if answered() > 1:
+                break
+            await asyncio.sleep(0.05)
+        return r.choices[0].message.content
+
+    @art.rollout
+    def sync_agent(q):
+        import time
+
+        r = litellm.completion(messages=user(q), **kw)
+        for _ in range(100):
+            if answered() > 1:
+                break
+            time.sleep(0.05)
+        return r.choices[0].message.content
+
+    saved = litellm.success_callback
+    litellm.success_callback = [judge, note]
+    try:
+        many = await asyncio.gather(*(agent.collect(f"q{i}") for i in range(3)))  # each judged on its own rollout
+        alone = await sync_agent.collect("s0")
+    finally:
+        litellm.success_callback = saved
+    for i, t in enumerate(many):
+        assert [c.messages[0]["content"] for c in t.calls] == [f"q{i}", f"judge q{i}"], t.warnings
+        assert [c.provider for c in t.calls] == ["litellm", "openai"] and not t.warnings
+    assert [c.messages[0]["content"] for c in alone.calls] == ["s0", "note s0"] and not alone.warnings

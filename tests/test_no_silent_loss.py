@@ -219,3 +219,219 @@ async def test_a_sub_agent_s_calls_are_on_its_trajectory_and_the_outer_one(async
     assert not outer.warnings
     (inner,) = art_store.trajectories(rollout=researcher.name)
     assert [c.messages[0]["content"] for c in inner.calls] == ["dig"]
+
+
+# -- below the HTTP libraries: any other HTTP/1.1 client is seen at the socket ---------------
+
+def post_below(how, base_url):
+    """POST a chat body to ``base_url``/chat/completions with a client no other sentinel sits in."""
+    from urllib.parse import urlsplit
+
+    url = base_url + "/chat/completions"
+    where = urlsplit(url)
+    head = (f"POST {where.path} HTTP/1.1\r\nHost: {where.netloc}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body())}\r\nConnection: close\r\n\r\n").encode() + body()
+    if how == "socket":
+        import socket
+
+        with socket.create_connection((where.hostname, where.port), timeout=30) as s:
+            s.sendall(head)
+            return s.recv(12)
+    if how == "asyncio":
+        async def go():
+            reader, writer = await asyncio.open_connection(where.hostname, where.port)
+            writer.write(head)
+            await writer.drain()
+            answer = await reader.read(12)
+            writer.close()
+            return answer
+
+        return asyncio.run(go())
+    if how == "httpcore":
+        import httpcore
+
+        with httpcore.ConnectionPool() as pool:
+            return pool.request("POST", url, content=body()).status
+    if how == "an httpx transport":
+        import httpx
+
+        with httpx.HTTPTransport() as transport:
+            return transport.handle_request(httpx.Request("POST", url, content=body())).status_code
+    niquests = pytest.importorskip("niquests")  # over urllib3-future, which replaces urllib3 (the oldest row)
+    if how == "niquests":
+        return niquests.post(url, data=body(), timeout=30).status_code
+    import requests
+    import urllib3
+
+    assert hasattr(urllib3, "_async"), "urllib3-future is not the urllib3 installed"  # http.client is not under it
+    return requests.post(url, data=body(), timeout=30).status_code
+
+
+@pytest.mark.parametrize("how", ["socket", "asyncio", "httpcore", "an httpx transport", "niquests",
+                                 "requests over urllib3-future"])
+def test_a_request_below_the_http_libraries_is_seen_at_the_socket(server, how):
+    @art.rollout
+    def agent():
+        return post_below(how, server.base_url)
+
+    before = len(server.requests)
+    t = agent.collect_sync()
+    assert t.outcome in (200, b"HTTP/1.1 200") and len(server.requests) == before + 1
+    (warning,) = [w for w in t.warnings if w.startswith(ESCAPED)]  # none before: sent unreported
+    assert f"POST {server.base_url}/chat/completions" in warning and "a plain socket" in warning
+
+    art.configure(strict_capture=True)
+    try:
+        t = agent.collect_sync()
+    finally:
+        art.configure(strict_capture=None)
+    assert t.error is not None and t.error.type == "CaptureError"
+    assert len(server.requests) == before + 1  # refused before a byte left
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory):
+    """An HTTPS server on 127.0.0.1 with a self-signed certificate: it answers every request
+    200 and keeps the request lines it was sent."""
+    import datetime
+    import socket
+    import ssl
+
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(__import__("ipaddress")
+                                                                        .ip_address("127.0.0.1"))]), False)
+            .sign(key, hashes.SHA256()))
+    folder = tmp_path_factory.mktemp("tls")
+    (folder / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (folder / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                       serialization.PrivateFormat.PKCS8,
+                                                       serialization.NoEncryption()))
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(folder / "cert.pem", folder / "key.pem")
+    listener = socket.create_server(("127.0.0.1", 0))
+    lines = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                with context.wrap_socket(conn, server_side=True) as tls:
+                    lines.append(tls.recv(65536).split(b"\r\n")[0])
+                    tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            except (OSError, ssl.SSLError):
+                continue
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield f"https://127.0.0.1:{listener.getsockname()[1]}/v1", str(folder / "cert.pem"), lines
+    listener.close()
+
+
+@pytest.mark.parametrize("how", ["ssl socket", "asyncio over TLS"])
+def test_a_request_over_tls_is_seen_before_it_is_encrypted(tls_server, how):
+    import ssl
+    from urllib.parse import urlsplit
+
+    base_url, cafile, lines = tls_server
+    where = urlsplit(base_url + "/chat/completions")
+    head = (f"POST {where.path} HTTP/1.1\r\nHost: {where.netloc}\r\nContent-Length: {len(body())}\r\n"
+            f"Connection: close\r\n\r\n").encode() + body()
+    context = ssl.create_default_context(cafile=cafile)
+
+    @art.rollout
+    def agent():
+        if how == "ssl socket":
+            import socket
+
+            with context.wrap_socket(socket.create_connection((where.hostname, where.port), timeout=30),
+                                     server_hostname=where.hostname) as s:
+                s.sendall(head)
+                return s.recv(12)
+
+        async def go():
+            reader, writer = await asyncio.open_connection(where.hostname, where.port, ssl=context)
+            writer.write(head)
+            await writer.drain()
+            answer = await reader.read(12)
+            writer.close()
+            return answer
+
+        return asyncio.run(go())
+
+    before = len(lines)
+    t = agent.collect_sync()
+    assert t.outcome == b"HTTP/1.1 200" and lines[before:] == [b"POST /v1/chat/completions HTTP/1.1"]
+    (warning,) = [w for w in t.warnings if w.startswith(ESCAPED)]
+    assert f"POST https://{where.netloc}/v1/chat/completions" in warning
+
+
+# -- a call made while a patched call runs is a call of its own --------------------------------
+
+def test_a_call_an_event_hook_makes_is_a_call_of_its_own(server, sync_client):
+    import httpx
+    from openai import OpenAI
+
+    def hook(request):
+        if b"watched" in request.content:
+            sync_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "from the hook"}])
+            httpx.post(server.base_url + "/chat/completions", content=body(), timeout=30)  # not patched: reported
+
+    watched = OpenAI(base_url=server.base_url, api_key="k", http_client=httpx.Client(event_hooks={"request": [hook]}))
+
+    @art.rollout
+    def agent() -> str:
+        return watched.chat.completions.create(model="m", messages=[{"role": "user", "content": "watched"}]) \
+            .choices[0].message.content
+
+    t = agent.collect_sync()
+    assert t.outcome == "echo: watched"
+    # the hook's call was sent unrecorded and unreported before, as part of the watched call
+    assert [c.messages[0]["content"] for c in t.calls] == ["watched", "from the hook"]
+    (warning,) = [w for w in t.warnings if w.startswith(ESCAPED)]
+    assert "through a httpx client" in warning
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_strict_refusal_reaches_the_agent_as_capture_error(server, mode):
+    """On openai 2.x the client took the refusal for a broken connection: two retries with
+    back-off, then APIConnectionError."""
+    import openai
+
+    sent = []
+
+    class Counting(openai.OpenAI if mode == "sync" else openai.AsyncOpenAI):
+        def _build_request(self, *args, **kwargs):  # every try, retries included
+            sent.append(1)
+            return super()._build_request(*args, **kwargs)
+
+    client = Counting(base_url=server.base_url, api_key="k")
+
+    @art.rollout
+    async def agent() -> str:
+        try:
+            if mode == "sync":
+                client.post("/chat/completions", body={"model": "m", "messages": USER}, cast_to=object)
+            else:
+                await client.post("/chat/completions", body={"model": "m", "messages": USER}, cast_to=object)
+        except art.CaptureError:
+            return "refused"
+        return "sent"
+
+    before = len(server.requests)
+    art.configure(strict_capture=True)
+    try:
+        t = await agent.collect()
+    finally:
+        art.configure(strict_capture=None)
+    assert t.error is None and t.outcome == "refused"  # APIConnectionError on openai 2.x before
+    assert len(sent) == 1 and len(server.requests) == before  # tried once: no retries of a refusal

@@ -52,6 +52,8 @@ PATCHERS = {
     "httpx2": Patcher("artsdk.capture.sentinel_httpx"),
     "http.client": Patcher("artsdk.capture.sentinel_urllib"),
     "aiohttp": Patcher("artsdk.capture.sentinel_aiohttp"),
+    "socket": Patcher("artsdk.capture.sentinel_socket"),  # and under them all, any other HTTP/1.1 client
+    "ssl": Patcher("artsdk.capture.sentinel_socket"),
     # the rollout's context into threads and executors started inside it
     "threading": Patcher("artsdk.capture.threads"),
 }

@@ -28,11 +28,12 @@ class Recorder:
     in (each takes its slot when it starts), also when concurrent calls or streams finish
     out of order. A call made after the rollout ended is not added, and is logged."""
 
-    __slots__ = ("calls", "notes", "seed", "rollout_id", "closed", "pid", "copies", "_pending", "_lock")
+    __slots__ = ("calls", "notes", "refused", "seed", "rollout_id", "closed", "pid", "copies", "_pending", "_lock")
 
     def __init__(self, seed: Optional[int] = None, rollout_id: Optional[str] = None) -> None:
         self.calls: list[Optional[LLMCall]] = []
         self.notes: list[str] = []  # what capture could not record (see sentinel.py)
+        self.refused: Optional[str] = None  # the first call strict capture refused to send (sentinel.py)
         self.seed = seed  # set by art.gather in a session: the rollout's calls sample reproducibly
         self.rollout_id = rollout_id  # the trajectory's id: sent to the backend with its calls
         self.closed = False

@@ -6,7 +6,8 @@ is a ``Kind``; ``capture/__init__.py`` lists them.
 
 litellm is patched only when the user's code imports it (see ``capture.install``); artsdk
 itself never imports it. A litellm call that goes through the openai client underneath is
-recorded once, here.
+recorded once, here; a call one of litellm's logging callbacks makes is a call of its own
+(``litellm_callbacks.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from time import perf_counter
 from typing import Any, Callable, Optional
 
 from ..trajectory import LLMCall
-from . import context
+from . import context, litellm_callbacks
 from .cassette import Cassette, current_cassette
 from .context import Recorder, current_recorder, for_backend, one_call, route_for
 
@@ -50,6 +51,7 @@ def patch(module: Any, *kinds: Kind) -> None:
             wrapper.__artsdk_wrapped__ = True  # type: ignore[attr-defined]
             setattr(module, name, wrapper)
         kind.patch_streams()
+    litellm_callbacks.patch()
 
 
 def unpatch(module: Any, *kinds: Kind) -> None:
@@ -59,6 +61,7 @@ def unpatch(module: Any, *kinds: Kind) -> None:
             fn = getattr(module, name, None)
             if getattr(fn, "__artsdk_wrapped__", False):
                 setattr(module, name, fn.__wrapped__)
+    litellm_callbacks.unpatch()
 
 
 def _route(kwargs: dict[str, Any], slot: int) -> dict[str, Any]:

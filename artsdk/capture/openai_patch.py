@@ -21,7 +21,7 @@ from time import perf_counter
 from typing import Any, Callable, Optional
 
 from ..trajectory import LLMCall
-from . import context, http_body
+from . import context, http_body, refusal_retries
 from .cassette import Cassette, current_cassette
 from .context import Recorder, Route, current_recorder, for_backend, one_call, route_for, routes
 from .record import failed_call
@@ -77,6 +77,7 @@ def patch(module: Any, *apis: API) -> None:
                 wrapper.__name__ = name
                 wrapper.__doc__ = orig.__doc__
                 setattr(cls, name, wrapper)
+    refusal_retries.patch(module)
 
 
 def unpatch(module: Any, *apis: API) -> None:
@@ -87,6 +88,7 @@ def unpatch(module: Any, *apis: API) -> None:
                 fn = cls.__dict__.get(name)
                 if getattr(fn, "__artsdk_wrapped__", False):
                     setattr(cls, name, fn.__wrapped__)
+    refusal_retries.unpatch(module)
 
 
 def routed(resource: Any, model: Any, api: API) -> tuple[Any, dict[str, Any] | None, bool]:

@@ -1,7 +1,8 @@
 """What happens to an LLM call that escapes capture. Sentinels sit under the HTTP libraries
 agent code may reach a model through (``sentinel_httpx.py``: httpx and httpx2, which the
 openai client, litellm and most frameworks use; ``sentinel_urllib.py``: http.client, under
-urllib and requests; ``sentinel_aiohttp.py``): a request to an LLM route made inside a
+urllib and requests; ``sentinel_aiohttp.py``; and under them all the socket,
+``sentinel_socket.py``, for any other HTTP/1.1 client written in Python): a request to an LLM route made inside a
 rollout while no patched call is running escaped capture -- unless it goes to an open
 session's endpoint naming the rollout (its ``art.rollout_url()``), which files it for the
 rollout (``backends/endpoint_record.py``). An escaped call is noted on the trajectory
@@ -13,6 +14,7 @@ record without anyone knowing.
 from __future__ import annotations
 
 import re
+from contextvars import ContextVar
 from typing import Any, Mapping, Optional
 
 from ..errors import CaptureError
@@ -23,6 +25,9 @@ LLM_ROUTES = ("/chat/completions", "/responses", "/completions", "/messages",
               "/api/chat", "/api/generate", "/completion", ":generateContent", ":streamGenerateContent")
 _RUNS = re.compile(r"/threads(/[^/]+)?/runs$")
 ESCAPED = "an LLM call escaped capture"
+# Set while a sentinel's library sends a request it has judged, so the sentinel under it (the
+# socket's, ``sentinel_socket.py``) does not judge the same request again.
+judged: ContextVar[bool] = ContextVar("artsdk_judged", default=False)
 
 
 def check(method: str, url: str, path: str, library: str, headers: Optional[Mapping[str, Any]] = None) -> None:
@@ -42,6 +47,7 @@ def check(method: str, url: str, path: str, library: str, headers: Optional[Mapp
     if settings().strict_capture:
         refused = note + "strict_capture refused to send it"
         rec.note(refused)  # the agent may catch the error: the trajectory keeps the trace
+        rec.refused = rec.refused or refused
         raise CaptureError(refused)
     rec.note(note + "Make the call through the openai or anthropic client or litellm (or a framework built on "
                     "them), see docs/capture.md")

@@ -1,30 +1,45 @@
 """The escape sentinel (``sentinel.py``) under ``httpx`` and ``httpx2``: ``Client.send`` and
-``AsyncClient.send``, through which the openai client, litellm and most frameworks send."""
+``AsyncClient.send``, through which the openai client, litellm and most frameworks send.
+
+The client's event hooks run inside ``send`` but are the agent's own code, not part of the
+request they watch: they run as if no patched call were running, so a call a hook makes is a
+call of its own (recorded when patched, judged here when not). The request itself goes on to
+the transport (``_send_single_request``) as it came, judged once, here.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from contextvars import ContextVar
+from typing import Any, Callable, Optional
 
-from .sentinel import check
+from .context import inside_call
+from .sentinel import check, judged
+
+# whether a patched call was running when the request now being sent entered ``send``
+_sent_inside: ContextVar[Optional[bool]] = ContextVar("artsdk_sent_inside", default=None)
 
 
 def patch(module: Any) -> None:
-    """Wrap ``Client.send`` and ``AsyncClient.send`` of an imported httpx / httpx2 (idempotent)."""
+    """Wrap ``send`` and ``_send_single_request`` of ``Client`` and ``AsyncClient`` of an
+    imported httpx / httpx2 (idempotent)."""
     for cls, is_async in ((module.Client, False), (module.AsyncClient, True)):
-        orig = cls.__dict__.get("send")
-        if orig is None or getattr(orig, "__artsdk_wrapped__", False):
-            continue
-        wrapper = _async_send(orig, module.__name__) if is_async else _sync_send(orig, module.__name__)
-        wrapper.__artsdk_wrapped__ = True  # type: ignore[attr-defined]
-        wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
-        cls.send = wrapper
+        for name, make in (("send", _async_send if is_async else _sync_send),
+                           ("_send_single_request", _async_transport if is_async else _sync_transport)):
+            orig = cls.__dict__.get(name)
+            if orig is None or getattr(orig, "__artsdk_wrapped__", False):
+                continue
+            wrapper = make(orig, module.__name__)
+            wrapper.__artsdk_wrapped__ = True  # type: ignore[attr-defined]
+            wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
+            setattr(cls, name, wrapper)
 
 
 def unpatch(module: Any) -> None:
     for cls in (module.Client, module.AsyncClient):
-        fn = cls.__dict__.get("send")
-        if getattr(fn, "__artsdk_wrapped__", False):
-            cls.send = fn.__wrapped__
+        for name in ("send", "_send_single_request"):
+            fn = cls.__dict__.get(name)
+            if getattr(fn, "__artsdk_wrapped__", False):
+                setattr(cls, name, fn.__wrapped__)
 
 
 def _check(request: Any, library: str) -> None:
@@ -34,7 +49,12 @@ def _check(request: Any, library: str) -> None:
 def _sync_send(orig: Callable[..., Any], library: str) -> Callable[..., Any]:
     def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         _check(request, library)
-        return orig(self, request, *args, **kwargs)
+        tokens = _sent_inside.set(inside_call.get()), inside_call.set(False)  # the hooks are the agent's
+        try:
+            return orig(self, request, *args, **kwargs)
+        finally:
+            inside_call.reset(tokens[1])
+            _sent_inside.reset(tokens[0])
 
     return send
 
@@ -42,6 +62,35 @@ def _sync_send(orig: Callable[..., Any], library: str) -> Callable[..., Any]:
 def _async_send(orig: Callable[..., Any], library: str) -> Callable[..., Any]:
     async def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         _check(request, library)
-        return await orig(self, request, *args, **kwargs)
+        tokens = _sent_inside.set(inside_call.get()), inside_call.set(False)
+        try:
+            return await orig(self, request, *args, **kwargs)
+        finally:
+            inside_call.reset(tokens[1])
+            _sent_inside.reset(tokens[0])
 
     return send
+
+
+def _sync_transport(orig: Callable[..., Any], library: str) -> Callable[..., Any]:
+    def send_single(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        tokens = inside_call.set(bool(_sent_inside.get())), judged.set(True)  # the request, as it came
+        try:
+            return orig(self, request, *args, **kwargs)
+        finally:
+            judged.reset(tokens[1])
+            inside_call.reset(tokens[0])
+
+    return send_single
+
+
+def _async_transport(orig: Callable[..., Any], library: str) -> Callable[..., Any]:
+    async def send_single(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        tokens = inside_call.set(bool(_sent_inside.get())), judged.set(True)
+        try:
+            return await orig(self, request, *args, **kwargs)
+        finally:
+            judged.reset(tokens[1])
+            inside_call.reset(tokens[0])
+
+    return send_single

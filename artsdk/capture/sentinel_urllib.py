@@ -1,18 +1,19 @@
 """The escape sentinel (``sentinel.py``) under the standard library's ``http.client``, which
 ``urllib.request``, urllib3 and ``requests`` all send through: ``HTTPConnection.putrequest``,
 the first thing every request on such a connection does (urllib3 overrides ``request`` but
-still calls it)."""
+still calls it). What the connection then sends was judged there (``HTTPConnection.send``
+says so to the socket's sentinel under it)."""
 
 from __future__ import annotations
 
 from typing import Any
 from urllib.parse import urlsplit
 
-from .sentinel import check
+from .sentinel import check, judged
 
 
 def patch(module: Any) -> None:
-    """Wrap ``http.client.HTTPConnection.putrequest`` (idempotent)."""
+    """Wrap ``http.client.HTTPConnection.putrequest`` and ``send`` (idempotent)."""
     cls = module.HTTPConnection
     orig = cls.__dict__.get("putrequest")
     if orig is None or getattr(orig, "__artsdk_wrapped__", False):
@@ -26,12 +27,23 @@ def patch(module: Any) -> None:
         check(method, full, path, "urllib / requests (http.client)")
         return orig(self, method, url, *args, **kwargs)
 
-    putrequest.__artsdk_wrapped__ = True  # type: ignore[attr-defined]
-    putrequest.__wrapped__ = orig  # type: ignore[attr-defined]
-    cls.putrequest = putrequest
+    orig_send = cls.__dict__["send"]
+
+    def send(self: Any, data: Any) -> Any:
+        token = judged.set(True)
+        try:
+            return orig_send(self, data)
+        finally:
+            judged.reset(token)
+
+    for name, wrapper, wrapped in (("putrequest", putrequest, orig), ("send", send, orig_send)):
+        wrapper.__artsdk_wrapped__ = True  # type: ignore[attr-defined]
+        wrapper.__wrapped__ = wrapped  # type: ignore[attr-defined]
+        setattr(cls, name, wrapper)
 
 
 def unpatch(module: Any) -> None:
-    fn = module.HTTPConnection.__dict__.get("putrequest")
-    if getattr(fn, "__artsdk_wrapped__", False):
-        module.HTTPConnection.putrequest = fn.__wrapped__
+    for name in ("putrequest", "send"):
+        fn = module.HTTPConnection.__dict__.get(name)
+        if getattr(fn, "__artsdk_wrapped__", False):
+            setattr(module.HTTPConnection, name, fn.__wrapped__)
