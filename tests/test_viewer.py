@@ -412,6 +412,36 @@ def test_the_trajectory_page_shows_any_stored_shape(tmp_path, browser):
         thread.join(10)
 
 
+def test_the_trajectory_page_says_what_each_record_held(tmp_path, browser):
+    """A call only the backend's endpoint saw (a subprocess's, say) is marked as added from its
+    record, and the two records' counts are on the page (artsdk/reconcile.py)."""
+    from selenium.webdriver.common.by import By
+
+    ask = [{"role": "user", "content": "hi"}]
+    calls = [art.LLMCall(index=0, provider="openai", model="m", messages=ask,
+                         choices=[art.Choice(message={"role": "assistant", "content": "from the client"})]),
+             art.LLMCall(index=1, provider="endpoint", model="m", messages=ask,
+                         choices=[art.Choice(message={"role": "assistant", "content": "from a subprocess"})])]
+    t = art.Trajectory(rollout="r", project="p", model="m", step=1, calls=calls, reward=1.0,
+                       metadata={"calls_recorded": {"client": 1, "endpoint": 2, "matched": 1,
+                                                    "endpoint_only": 1, "client_only": 0}})
+    with art.Store(tmp_path / "s.db") as store:
+        store.save(t)
+    server, thread, url = serve_viewer(tmp_path / "s.db")
+    try:
+        browser.get(f"{url}/#/trajectory?id={t.id}")
+        wait_for(browser, ".recorded")
+        counts = browser.find_element(By.CSS_SELECTOR, ".recorded")
+        assert counts.text.startswith("calls recorded: by the client 1 · by the endpoint 2 · matched 1")
+        assert [f.text for f in counts.find_elements(By.CSS_SELECTOR, ".flag")] == ["1 only the endpoint saw"]
+        heads = [h.text for h in browser.find_elements(By.CSS_SELECTOR, ".callhead")]
+        assert "from the endpoint" not in heads[0] and "from the endpoint" in heads[1]
+        browser.save_screenshot(str(ARTIFACTS / "records.png"))
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
 def two_runs_store(path):
     """One model, two runs of it: steps 1-2 each, their rewards apart (0.1.. and 0.9..)."""
     with art.Store(path) as store:

@@ -299,6 +299,7 @@ function chat(t) {
   for (const call of t.calls) {
     out.push(el("div", { class: "callhead" }, `call ${call.index}: ${call.provider} → ${call.served_by || call.model}`,
       ` · ${fmt(call.latency * 1000, 0)} ms`, call.stream ? " · streamed" : "",
+      call.provider === "endpoint" ? el("span", { class: "flag endpoint", title: "no client artsdk patches recorded it: added from the endpoint's own record" }, "from the endpoint") : null,
       call.incomplete ? el("span", { class: "flag incomplete" }, "incomplete") : null, call.error ? el("span", { class: "flag error" }, call.error) : null));
     let from = call.messages.length >= shown ? shown : 0;
     // the previous answer as the agent sent it back (with the tool calls it parsed, say): shown when it differs
@@ -323,8 +324,17 @@ async function trajectory(p) {
       ` · step ${t.step ?? "–"} · ${t.calls.length} calls · ${fmt(t.duration, 2)} s`,
       t.error ? el("div", { class: "flag error" }, `${t.error.type}: ${t.error.message}`) : null,
       el("div", { class: "muted" }, "scenario ", el("code", {}, JSON.stringify(t.scenario)), " · outcome ", el("code", {}, JSON.stringify(t.outcome))),
+      recorded(t.metadata && t.metadata.calls_recorded),
       t.warnings.length ? el("div", { class: "muted" }, t.warnings.join(" · ")) : null),
     chat(t));
+}
+
+// what the client's record and the endpoint's held, and how they matched (artsdk/reconcile.py)
+function recorded(c) {
+  if (!c || typeof c !== "object") return null;
+  return el("div", { class: "muted recorded" }, `calls recorded: by the client ${c.client} · by the endpoint ${c.endpoint}`,
+    ` · matched ${c.matched}`, c.endpoint_only ? el("span", { class: "flag endpoint" }, `${c.endpoint_only} only the endpoint saw`) : null,
+    c.client_only ? el("span", { class: "flag error" }, `${c.client_only} only the client saw`) : null);
 }
 
 // -- one scenario at two steps ------------------------------------------------------------
