@@ -187,10 +187,12 @@ def run(name: str, seeds: list[int], options: list[str], url: str | None, model:
     where = "controls" if control else "pipelined" if cfg.get("max_policy_lag") is not None else "runs"
     data.update({k: old[k] for k in ("runs", "controls", "pipelined", "config", "command", "control_command",
                                      "pipelined_command", "budget_seconds", "note") if k in old})
-    kept = [r for r in old.get(where, []) if r["seed"] not in seeds]
     runs: list[dict[str, Any]] = []
     for seed in seeds:  # saved after each seed: a benchmark cut short keeps the seeds it finished
         runs.append(train_seed(name, seed, options))
+        # other seeds' runs as they are on disk now: another benchmark may have run them meanwhile
+        fresh = json.loads(path.read_text()) if path.is_file() else {}
+        kept = [r for r in fresh.get(where, []) if r["seed"] not in seeds]
         same = lambda r: _settings(r["config"]) == _settings(runs[0]["config"])  # noqa: E731
         data[where] = sorted([r for r in kept if same(r)] + runs, key=lambda r: r["seed"])
         command = f"python -m bench.examples {name} --seeds {' '.join(str(r['seed']) for r in data[where])}" \

@@ -153,3 +153,38 @@ async def test_a_lost_rank_with_no_room_to_start_again_is_a_backend_error_until_
         for node in rooms:
             if node in c.list_all_nodes():
                 c.remove_node(node)
+
+
+async def test_two_sharded_ranks_on_two_nodes_train_what_one_process_trains(cluster, tmp_path):
+    """``shard = "fsdp"`` over two nodes: each rank on a node of its own holds about half the
+    base model's parameters, and the step is the one one process makes (loss and gradient norm
+    within 1e-5)."""
+    from backends.local import LocalBackend
+    from tests.test_ray import TINY
+    from tests.test_trust_region import batch
+
+    c, _ = cluster
+    rooms = [c.add_node(num_cpus=1, resources={"shard_room": 1}) for _ in range(2)]
+    c.wait_for_nodes()
+    settings = {"minibatches": 2, "epochs": 1, "learning_rate": 1e-2, "loss": "grpo", "tokens_per_row": 48}
+    model = art.TrainableModel("m", base_model=TINY, project="p", config={"train": settings})
+    local = LocalBackend(device="cpu", dtype="float32", home=str(tmp_path / "local"))
+    be = backend(tmp_path, replicas=1, trainers=2, trainer_resources={"shard_room": 1}, placement="STRICT_SPREAD",
+                 shard="fsdp")
+    try:
+        await local.register(model)
+        groups = batch(local.models["m"], groups=4, size=4, length=7)
+        one = await local.train(model, groups)
+        await be.register(model)
+        two = await be.train(model, groups)
+        held = [await r.info.remote() for r in be.deployments["m"].ranks]
+    finally:
+        await be.close()
+        await local.close()
+        for node in rooms:
+            c.remove_node(node)
+    assert len({h["node"] for h in held}) == 2  # a node each
+    assert {h["node"] for h in held} <= {n.node_id for n in rooms}
+    assert all(0.45 < h["rank_params_fraction"] <= 0.55 for h in held)
+    for k in ("loss", "grad_norm"):
+        assert two.metrics[k] == pytest.approx(one.metrics[k], abs=1e-5), k
