@@ -20,7 +20,10 @@ from ..errors import CaptureError
 
 def patch(module: Any) -> None:
     """Wrap the retry loop of ``module``'s base clients (``openai`` or ``anthropic``; idempotent)."""
-    base = importlib.import_module(f"{module.__name__}._base_client")
+    try:
+        base = importlib.import_module(f"{module.__name__}._base_client")
+    except ImportError:  # a client laid out otherwise: a refusal reaches the agent as the client reports it
+        return
     for cls, is_async in ((base.SyncAPIClient, False), (base.AsyncAPIClient, True)):
         for name, make in (("request", _async_request if is_async else _sync_request),
                            ("_sleep_for_retry", _async_sleep if is_async else _sync_sleep)):
