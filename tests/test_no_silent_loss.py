@@ -244,15 +244,7 @@ def post_below(how, base_url):
             s.sendall(head)
             return s.recv(12)
     if how == "asyncio":
-        async def go():
-            reader, writer = await asyncio.open_connection(where.hostname, where.port)
-            writer.write(head)
-            await writer.drain()
-            answer = await reader.read(12)
-            writer.close()
-            return answer
-
-        return asyncio.run(go())
+        return asyncio.run(asyncio_post(where.hostname, where.port, head))
     if how == "httpcore":
         import httpcore
 
@@ -271,6 +263,16 @@ def post_below(how, base_url):
 
     assert hasattr(urllib3, "_async"), "urllib3-future is not the urllib3 installed"  # http.client is not under it
     return requests.post(url, data=body(), timeout=30).status_code
+
+
+async def asyncio_post(host, port, head, ssl=None):
+    """Send a whole request with asyncio's streams; the status line's start."""
+    reader, writer = await asyncio.open_connection(host, port, ssl=ssl)
+    writer.write(head)
+    await writer.drain()
+    answer = await reader.read(12)
+    writer.close()
+    return answer
 
 
 @pytest.mark.parametrize("how", ["socket", "asyncio", "httpcore", "an httpx transport", "niquests",
@@ -351,16 +353,7 @@ def test_a_request_over_tls_is_seen_before_it_is_encrypted(tls_server, how):
                                      server_hostname=where.hostname) as s:
                 s.sendall(head)
                 return s.recv(12)
-
-        async def go():
-            reader, writer = await asyncio.open_connection(where.hostname, where.port, ssl=context)
-            writer.write(head)
-            await writer.drain()
-            answer = await reader.read(12)
-            writer.close()
-            return answer
-
-        return asyncio.run(go())
+        return asyncio.run(asyncio_post(where.hostname, where.port, head, ssl=context))
 
     before = len(lines)
     t = agent.collect_sync()
