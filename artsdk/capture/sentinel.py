@@ -2,13 +2,13 @@
 agent code may reach a model through (``sentinel_httpx.py``: httpx and httpx2, which the
 openai client, litellm and most frameworks use; ``sentinel_urllib.py``: http.client, under
 urllib and requests; ``sentinel_aiohttp.py``; and under them all the socket,
-``sentinel_socket.py``, for any other HTTP/1.1 client written in Python): a request to an LLM route made inside a
-rollout while no patched call is running escaped capture -- unless it goes to an open
-session's endpoint naming the rollout (its ``art.rollout_url()``), which files it for the
-rollout (``backends/endpoint_record.py``). An escaped call is noted on the trajectory
-(``warnings``), counted by ``art.gather``, and with ``strict_capture = true`` refused before it
-is sent (CaptureError, noted on the trajectory too), so a rollout never trains on a partial
-record without anyone knowing.
+``sentinel_socket.py``, for any other HTTP/1.1 client written in Python): a request to an
+LLM route made inside a rollout while no patched call is running escaped capture -- unless
+it goes to an open session's endpoint naming the rollout (its ``art.rollout_url()``), which
+files it for the rollout (``backends/endpoint_record.py``). An escaped call is noted on the
+trajectory (``warnings``), counted by ``art.gather``, and with ``strict_capture = true``
+refused before it is sent (CaptureError, noted on the trajectory too), so a rollout never
+trains on a partial record without anyone knowing.
 """
 
 from __future__ import annotations
