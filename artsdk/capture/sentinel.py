@@ -14,8 +14,9 @@ trains on a partial record without anyone knowing.
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 from ..errors import CaptureError
 from .context import ROLLOUT_HEADER, current_recorder, inside_call, routes
@@ -28,6 +29,17 @@ ESCAPED = "an LLM call escaped capture"
 # Set while a sentinel's library sends a request it has judged, so the sentinel under it (the
 # socket's, ``sentinel_socket.py``) does not judge the same request again.
 judged: ContextVar[bool] = ContextVar("artsdk_judged", default=False)
+
+
+@contextmanager
+def sending_judged() -> Iterator[None]:
+    """Around a library sending a request its sentinel has judged: the sentinels under it let
+    it pass."""
+    token = judged.set(True)
+    try:
+        yield
+    finally:
+        judged.reset(token)
 
 
 def check(method: str, url: str, path: str, library: str, headers: Optional[Mapping[str, Any]] = None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .sentinel import check, judged
+from .sentinel import check, sending_judged
 
 
 def patch(module: Any) -> None:
@@ -20,11 +20,8 @@ def patch(module: Any) -> None:
         if self._base_url is not None and not url.is_absolute():
             url = self._base_url.join(url)
         check(method, str(url), url.path, "aiohttp", kwargs.get("headers"))
-        token = judged.set(True)
-        try:
+        with sending_judged():
             return await orig(self, method, str_or_url, *args, **kwargs)
-        finally:
-            judged.reset(token)
 
     _request.__artsdk_wrapped__ = True  # type: ignore[attr-defined]
     _request.__wrapped__ = orig  # type: ignore[attr-defined]

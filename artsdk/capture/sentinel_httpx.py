@@ -9,11 +9,12 @@ the transport (``_send_single_request``) as it came, judged once, here.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from .context import inside_call
-from .sentinel import check, judged
+from .sentinel import check, sending_judged
 
 # whether a patched call was running when the request now being sent entered ``send``
 _sent_inside: ContextVar[Optional[bool]] = ContextVar("artsdk_sent_inside", default=None)
@@ -46,15 +47,33 @@ def _check(request: Any, library: str) -> None:
     check(request.method, str(request.url), request.url.path, f"a {library} client", request.headers)
 
 
+@contextmanager
+def _hooks_run_as_the_agent() -> Iterator[None]:
+    """Around ``send``: no patched call running, and whether one was kept for the transport."""
+    tokens = _sent_inside.set(inside_call.get()), inside_call.set(False)
+    try:
+        yield
+    finally:
+        inside_call.reset(tokens[1])
+        _sent_inside.reset(tokens[0])
+
+
+@contextmanager
+def _the_request_as_it_came() -> Iterator[None]:
+    """Around the transport: the request as ``send`` was given it, judged once already."""
+    token = inside_call.set(bool(_sent_inside.get()))
+    try:
+        with sending_judged():
+            yield
+    finally:
+        inside_call.reset(token)
+
+
 def _sync_send(orig: Callable[..., Any], library: str) -> Callable[..., Any]:
     def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         _check(request, library)
-        tokens = _sent_inside.set(inside_call.get()), inside_call.set(False)  # the hooks are the agent's
-        try:
+        with _hooks_run_as_the_agent():
             return orig(self, request, *args, **kwargs)
-        finally:
-            inside_call.reset(tokens[1])
-            _sent_inside.reset(tokens[0])
 
     return send
 
@@ -62,35 +81,23 @@ def _sync_send(orig: Callable[..., Any], library: str) -> Callable[..., Any]:
 def _async_send(orig: Callable[..., Any], library: str) -> Callable[..., Any]:
     async def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         _check(request, library)
-        tokens = _sent_inside.set(inside_call.get()), inside_call.set(False)
-        try:
+        with _hooks_run_as_the_agent():
             return await orig(self, request, *args, **kwargs)
-        finally:
-            inside_call.reset(tokens[1])
-            _sent_inside.reset(tokens[0])
 
     return send
 
 
 def _sync_transport(orig: Callable[..., Any], library: str) -> Callable[..., Any]:
     def send_single(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        tokens = inside_call.set(bool(_sent_inside.get())), judged.set(True)  # the request, as it came
-        try:
+        with _the_request_as_it_came():
             return orig(self, request, *args, **kwargs)
-        finally:
-            judged.reset(tokens[1])
-            inside_call.reset(tokens[0])
 
     return send_single
 
 
 def _async_transport(orig: Callable[..., Any], library: str) -> Callable[..., Any]:
     async def send_single(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        tokens = inside_call.set(bool(_sent_inside.get())), judged.set(True)
-        try:
+        with _the_request_as_it_came():
             return await orig(self, request, *args, **kwargs)
-        finally:
-            judged.reset(tokens[1])
-            inside_call.reset(tokens[0])
 
     return send_single

@@ -13,9 +13,10 @@ socket carries is beyond it: HTTP/2's binary frames, and clients that send from 
 from __future__ import annotations
 
 from typing import Any, Optional
+from urllib.parse import urlsplit
 
 from .current import current_recorder
-from .sentinel import check, judged
+from .sentinel import check, judged, sending_judged
 
 _LIBRARY = "a plain socket (a raw socket, or an HTTP client artsdk has no sentinel in, such as httpcore, " \
            "tornado or niquests)"
@@ -57,11 +58,8 @@ def _send(orig: Any, tls: bool) -> Any:
         if current_recorder.get() is None or judged.get():
             return orig(self, data, *args, **kwargs)
         _judge(self, data, tls)
-        token = judged.set(True)  # SSLSocket.sendall sends through send: one look is enough
-        try:
+        with sending_judged():  # SSLSocket.sendall sends through send: one look is enough
             return orig(self, data, *args, **kwargs)
-        finally:
-            judged.reset(token)
 
     return send
 
@@ -89,13 +87,9 @@ def _judge(sock: Any, data: Any, tls: bool) -> None:
     if request is None:
         return
     target, headers = request
-    if "://" in target:  # a request to a proxy names the whole URL
-        url = target
-    else:
-        url = f"{'https' if tls else 'http'}://{headers.get('host') or _peer(sock)}{target}"
-    path = target.split("://", 1)[-1]
-    path = path[path.find("/"):] if "://" in target else path
-    check("POST", url, path.split("?")[0], _LIBRARY, headers)
+    where = headers.get("host") or _peer(sock)
+    url = target if "://" in target else f"{'https' if tls else 'http'}://{where}{target}"  # a proxy's: whole
+    check("POST", url, urlsplit(url).path, _LIBRARY, headers)
 
 
 def _parse(head: bytes) -> Optional[tuple[str, dict[str, str]]]:

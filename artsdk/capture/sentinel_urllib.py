@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from .sentinel import check, judged
+from .sentinel import check, sending_judged
 
 
 def patch(module: Any) -> None:
@@ -30,11 +30,8 @@ def patch(module: Any) -> None:
     orig_send = cls.__dict__["send"]
 
     def send(self: Any, data: Any) -> Any:
-        token = judged.set(True)
-        try:
+        with sending_judged():
             return orig_send(self, data)
-        finally:
-            judged.reset(token)
 
     for name, wrapper, wrapped in (("putrequest", putrequest, orig), ("send", send, orig_send)):
         wrapper.__artsdk_wrapped__ = True  # type: ignore[attr-defined]

@@ -434,7 +434,7 @@ class Deployment:
         pending = set(calls)
         while pending:
             await self._ask_to_stop(step)
-            _, pending = await asyncio.wait(calls, timeout=1.0)
+            _, pending = await asyncio.wait(pending, timeout=1.0)
         for f in (f for f in calls if not f.cancelled()):
             f.exception()  # StepInterrupted, by design (and read, so that it is not reported unread)
         await self._rollback()

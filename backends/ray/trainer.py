@@ -202,8 +202,8 @@ class TrainerRank:
 
         from backends.local import fsdp
 
-        return {"rank": self.rank, "step": self.step, "pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
-                "pending": self.pending[0] if self.pending else None, **fsdp.held(self.policy.model),
+        return {"rank": self.rank, "step": self.step, "pid": os.getpid(),
+                "node": ray.get_runtime_context().get_node_id(), "pending": self.pending[0] if self.pending else None, **fsdp.held(self.policy.model),
                 "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # (Linux: KiB)
                 "rss_gb": _resident_gb()}
 
