@@ -264,6 +264,15 @@ def test_options_are_checked_by_name(tmp_path):
         RayBackend(trainer_gpus=-1)
     with pytest.raises(art.BackendError, match="placement 'EVERYWHERE'"):
         RayBackend(placement="EVERYWHERE")
+    with pytest.raises(art.BackendError, match=r"colocated.*replicas \(3\) can be at most trainers \(2\)"):
+        RayBackend(replicas=3, trainers=2, colocate=True)
+    with pytest.raises(art.BackendError, match="colocate must be true or false, got 'yes'"):
+        RayBackend(colocate="yes")
+    from backends.ray.replica import _sharing
+
+    vllm = {"engine": "vllm", "vllm": {"gpu_memory_utilization": 0.4}, "colocated": True}
+    assert _sharing({**vllm, "device": "cuda"}) == {"sleep": True, "gpu_memory_utilization": 0.4}  # beside a rank
+    assert _sharing({**vllm, "device": "cpu"}) == {"gpu_memory_utilization": 0.4}  # no sleep mode on CPUs
     from artsdk.backend import available_backends
 
     assert available_backends()["ray"] == "backends.ray:RayBackend"  # chosen by configuration: backend = "ray"

@@ -188,3 +188,61 @@ async def test_two_sharded_ranks_on_two_nodes_train_what_one_process_trains(clus
     assert all(0.45 < h["rank_params_fraction"] <= 0.55 for h in held)
     for k in ("loss", "grad_norm"):
         assert two.metrics[k] == pytest.approx(one.metrics[k], abs=1e-5), k
+
+
+async def test_colocated_replicas_sleep_in_their_ranks_bundles_while_the_ranks_train(cluster, tmp_path):
+    """``colocate = true``: replica i is placed in rank i's bundle (here each pair on a node of
+    its own). During a step every replica sleeps and a request made meanwhile is held, pinned
+    to the step that was newest when it was made, and answered once the replicas woke; a step
+    refused for bad data wakes them too."""
+    from openai import AsyncOpenAI
+
+    from tests.test_ray import _served_tiny
+    from tests.test_trust_region import batch
+
+    c, _ = cluster
+    rooms = [c.add_node(num_cpus=2, resources={"pair_room": 2}) for _ in range(2)]
+    c.wait_for_nodes()
+    be = backend(tmp_path, replicas=2, trainers=2, colocate=True, placement="STRICT_SPREAD",
+                 replica_resources={"pair_room": 1}, trainer_resources={"pair_room": 1})
+    model = art.TrainableModel("m", base_model="tiny", project="p", config={"train": {"learning_rate": 1e-2}})
+    hi = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    try:
+        endpoint = await be.register(model)
+        client = AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
+        d = be.deployments["m"]
+        replicas = [await r.actor.info.remote() for r in d.pool.replicas]
+        ranks = [await r.info.remote() for r in d.ranks]
+        assert [r["node_id"] for r in replicas] == [r["node"] for r in ranks]  # a pair shares a bundle
+        assert len({r["node"] for r in ranks}) == 2 and {r["node"] for r in ranks} <= {n.node_id for n in rooms}
+
+        groups = batch(await _served_tiny(tmp_path), groups=16, size=8, length=32)  # a step of a few seconds
+        step = asyncio.create_task(be.train(model, groups))
+        while not all([(await r.actor.info.remote())["asleep"] for r in d.pool.replicas]):
+            assert not step.done(), "the step ended before both replicas were seen asleep"
+            await asyncio.sleep(0.005)
+        assert be.status()["m"]["asleep"]
+        held = asyncio.create_task(client.chat.completions.create(**hi))
+        while be.status()["m"]["asleep"]:
+            assert not held.done()  # not answered while the replicas sleep
+            await asyncio.sleep(0.01)
+        result = await step
+        answer = await held
+        assert result.step == 1 and result.metrics["replicas_asleep"] == 2.0, result.metrics
+        print("the ranks took", result.metrics["seconds_ranks"], "s; sleeping", result.metrics["seconds_to_sleep"],
+              "s, waking", result.metrics["seconds_to_wake"], "s")
+        assert answer.model == "m@0" and answer.choices[0].message.content  # the step newest when it was made
+        assert not any([(await r.actor.info.remote())["asleep"] for r in d.pool.replicas])
+        assert (await client.chat.completions.create(**hi)).model == "m@1"
+
+        bad = batch(await _served_tiny(tmp_path), groups=1, size=2)
+        bad[0].trajectories[0].reward = float("nan")
+        with pytest.raises(art.TrajectoryError, match="rewards must be finite"):
+            await be.train(model, bad)
+        assert not be.status()["m"]["asleep"]
+        assert (await asyncio.wait_for(client.chat.completions.create(**hi), 30)).model == "m@1"
+        await client.close()
+    finally:
+        await be.close()
+        for node in rooms:
+            c.remove_node(node)

@@ -13,6 +13,7 @@ replica_gpus = 1            # per replica; also replica_cpus, replica_resources 
 trainer_gpus = 1            # per rank; also trainer_cpus, trainer_resources = {...}
 device = "auto"             # as the local backend: "cpu", "cuda"; engine = "vllm" on GPUs
 shard = "fsdp"              # the model sharded over the ranks (backends/local/fsdp.py)
+colocate = true             # replica i shares rank i's bundle (its GPUs) and sleeps while the ranks train
 checkpoints_url = "s3://bucket/runs"   # steps committed where a new driver takes over
 ```
 
@@ -22,7 +23,10 @@ step is committed there first (backends/shared_storage.py), and a driver started
 the same URL resumes at the last committed step. After a step the new adapter is
 loaded by every ready replica before requests for the model's name go to it; a replica that
 fails to load it is drained, set up again by the health check and readmitted serving the
-current step. The health check asks every replica at once; each set-up runs on its own thread,
+current step. Colocated, replica i is placed in rank i's bundle of the ranks' placement
+group; during each step the replicas sleep (vLLM offloads its weights and drops its cache;
+requests that reach a replica wait there), then they wake before the new adapter is
+published. The health check asks every replica at once; each set-up runs on its own thread,
 bounded by ``setup_timeout_s``. A replica Ray restarts (its node lost) is set up the same way before it takes
 traffic. A trainer rank lost during a step abandons the step (no checkpoint, nothing served)
 and the ranks start again from the last checkpoint.
@@ -31,13 +35,14 @@ and the ranks start again from the last checkpoint.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, AsyncIterator, Optional, Sequence
 
 from artsdk.backend import Endpoint, TrainableModel, TrainResult, nothing_to_train
 from artsdk.errors import ArtError, BackendError
@@ -63,7 +68,8 @@ class RayBackend:
                  keep_checkpoints: int = 3, best_metric: Optional[str] = None, engine: str = "builtin",
                  vllm: Optional[dict[str, Any]] = None, max_batch: int = 64, replica_restarts: int = -1,
                  wait_s: float = 120.0, health_interval_s: float = 1.0, setup_timeout_s: float = 1800.0,
-                 shard: str = "none", checkpoints_url: Optional[str] = None, **train_defaults: Any) -> None:
+                 shard: str = "none", checkpoints_url: Optional[str] = None, colocate: bool = False,
+                 **train_defaults: Any) -> None:
         from artsdk.config import settings
 
         for name, value in (("replicas", replicas), ("trainers", trainers)):
@@ -81,10 +87,15 @@ class RayBackend:
                                f"trainer ranks) or \"none\" (each rank holds it whole)")
         if engine not in ("builtin", "vllm"):
             raise BackendError(f"ray backend: unknown engine {engine!r}; use \"builtin\" or \"vllm\"")
+        if not isinstance(colocate, bool):
+            raise BackendError(f"ray backend: colocate must be true or false, got {colocate!r}")
+        if colocate and replicas > trainers:
+            raise BackendError(f"ray backend: colocated, each replica shares a trainer rank's bundle, so replicas "
+                               f"({replicas}) can be at most trainers ({trainers}); add ranks or set colocate = false")
         self.address, self.replicas, self.trainers = address, replicas, trainers
         self.replica_shape = {"num_cpus": replica_cpus, "num_gpus": replica_gpus, "resources": replica_resources or {}}
         self.trainer_shape = {"CPU": trainer_cpus, "GPU": trainer_gpus, **(trainer_resources or {})}
-        self.placement = placement
+        self.placement, self.colocate = placement, colocate
         self.home = Path(home or settings().home)
         self.cache = cache or os.environ.get("ARTSDK_CACHE")
         self.host, self.port, self.api_key = host, port, api_key
@@ -92,11 +103,12 @@ class RayBackend:
         self.replica_options: dict[str, Any] = {"device": device, "dtype": dtype, "engine": engine, "vllm": vllm,
                                                 "max_batch": max_batch, "cache": self.cache,
                                                 "threads": max(1, int(replica_cpus)) if not replica_gpus else None,
-                                                **train_defaults}
+                                                "colocated": colocate, **train_defaults}
         self.shard = shard
         # where steps are committed for another driver to take the run over (a shared folder, s3://...)
         self.checkpoints_url = checkpoints_url
         self.trainer_options: dict[str, Any] = {"device": device, "dtype": dtype, "cache": self.cache, "shard": shard,
+                                                "colocated": colocate,
                                                 "threads": max(1, int(trainer_cpus)) if not trainer_gpus else None,
                                                 "train_defaults": train_defaults}
         if isinstance(setup_timeout_s, bool) or not isinstance(setup_timeout_s, (int, float)) or setup_timeout_s <= 0:
@@ -208,6 +220,7 @@ class RayBackend:
         for name, d in self.deployments.items():
             with d.pool.lock:
                 out[name] = {"step": d.step, "routing_step": d.pool.current, "ranks": len(d.ranks),
+                             "asleep": d.asleep,
                              "replicas": [{"ready": r.ready, "steps": sorted(r.steps), "inflight": r.inflight, "answered": r.answered,
                                            "failures": r.failures, "incarnation": r.incarnation} for r in d.pool.replicas]}
         return out
@@ -266,6 +279,7 @@ class Deployment:
         self.ranks: list[Any] = []
         self._placement: Any = None
         self._step_lock = asyncio.Lock()
+        self.asleep = False  # colocated: the replicas asleep while the ranks train
         self._stop = threading.Event()
         self._watch: Optional[threading.Thread] = None
 
@@ -300,9 +314,14 @@ class Deployment:
         actor = ray.remote(ReplicaActor)
         driver_ip = ray.util.get_node_ip_address()
         shape = self.be.replica_shape
+        if self.be.colocate:  # replica i in rank i's bundle, which holds them both
+            both = _summed(self._rank_shape(), {"CPU": shape["num_cpus"], "GPU": shape["num_gpus"], **shape["resources"]})
+            await self._place([both] * self.be.trainers, f"{self.be.trainers} trainer rank(s), each with a replica, "
+                                                         f"in bundles of {both}")
         self.pool.replicas = [Replica(i, actor.options(
             num_cpus=shape["num_cpus"], num_gpus=shape["num_gpus"], resources=shape["resources"],
-            max_restarts=self.be.replica_restarts, max_task_retries=0, scheduling_strategy="SPREAD",
+            max_restarts=self.be.replica_restarts, max_task_retries=0,
+            scheduling_strategy=self._where(i) if self.be.colocate else "SPREAD",
         ).remote(self.spec.model_dump(), dict(self.be.replica_options), driver_ip, self.pool.key))
             for i in range(self.be.replicas)]
         await self.start_trainers()
@@ -317,28 +336,21 @@ class Deployment:
 
     async def start_trainers(self) -> None:
         """The trainer ranks, in one placement group, joined in one process group, at the last
-        checkpoint."""
+        checkpoint. Colocated, the group is the one the replicas were placed in, and stays."""
         import ray
-        from ray.util.placement_group import placement_group, remove_placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from .trainer import TrainerRank
 
-        if self._placement is not None:
-            remove_placement_group(self._placement)
-        shape = {k: v for k, v in self.be.trainer_shape.items() if v}
-        self._placement = placement_group([dict(shape) for _ in range(self.be.trainers)], strategy=self.be.placement)
-        try:
-            await asyncio.wait_for(self._placement.ready(), timeout=self.be.wait_s)
-        except asyncio.TimeoutError:
-            raise BackendError(f"the cluster could not place {self.be.trainers} trainer rank(s) of {shape} "
-                               f"({self.be.placement}) within {self.be.wait_s:.0f}s; its resources: "
-                               f"{ray.cluster_resources()}") from None
+        shape = self._rank_shape()
+        if not self.be.colocate:
+            await self._place([shape] * self.be.trainers, f"{self.be.trainers} trainer rank(s) of {shape}")
+        else:  # the replicas' bundles, placed again by Ray if a node was lost: waited for
+            await self._placed(self._placement, f"{self.be.trainers} trainer rank(s) beside the replicas")
         actor = ray.remote(concurrency_groups={"control": 1})(TrainerRank)  # interrupt() runs beside a step
         extra = {k: v for k, v in shape.items() if k not in ("CPU", "GPU")}
         self.ranks = [actor.options(
             num_cpus=shape.get("CPU", 0), num_gpus=shape.get("GPU", 0), resources=extra, max_restarts=0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(self._placement, placement_group_bundle_index=i),
+            scheduling_strategy=self._where(i),
         ).remote(self.spec.model_dump(), i, self.be.trainers, dict(self.be.trainer_options))
             for i in range(self.be.trainers)]
         try:
@@ -350,6 +362,33 @@ class Deployment:
         except ray.exceptions.RayError as e:
             raise BackendError(f"the trainer ranks of {self.spec.name!r} could not start: {_cause(e)}") from None
 
+    def _rank_shape(self) -> dict[str, float]:
+        return {k: v for k, v in self.be.trainer_shape.items() if v}
+
+    async def _place(self, bundles: list[dict[str, float]], what: str) -> None:
+        """A new placement group of ``bundles`` (the old one removed), once the cluster has placed it."""
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        if self._placement is not None:
+            remove_placement_group(self._placement)
+        self._placement = placement_group([dict(b) for b in bundles], strategy=self.be.placement)
+        await self._placed(self._placement, what)
+
+    async def _placed(self, group: Any, what: str) -> None:
+        import ray
+
+        try:
+            await asyncio.wait_for(group.ready(), timeout=self.be.wait_s)
+        except asyncio.TimeoutError:
+            raise BackendError(f"the cluster could not place {what} ({self.be.placement}) within "
+                               f"{self.be.wait_s:.0f}s; its resources: {ray.cluster_resources()}") from None
+
+    def _where(self, i: int) -> Any:
+        """Rank ``i``'s bundle of the placement group (where replica ``i`` goes too, colocated)."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return PlacementGroupSchedulingStrategy(self._placement, placement_group_bundle_index=i)
+
     async def step_with(self, kind: str, data: list[Any], config: dict[str, Any]) -> tuple[int, dict[str, float],
                                                                                             Optional[str]]:
         """One step (``kind`` "train" or "sft") on every rank: (step, figures, checkpoint or None)."""
@@ -360,18 +399,56 @@ class Deployment:
                 await self.start_trainers()  # BackendError naming what the cluster lacks, until a node has it
             step = self.step + 1
             ref = ray.put(data)
-            t0 = time.perf_counter()
-            calls = [asyncio.ensure_future(getattr(r, kind).remote(step, ref, config)) for r in self.ranks]
-            try:
-                results = await self._all(calls, step)
-            except asyncio.CancelledError:  # Ctrl-C: the ranks stop together and put the weights back
-                await asyncio.shield(self._interrupt(step, calls))
-                raise
-            metrics = {**results[0], "seconds_ranks": time.perf_counter() - t0}
+            async with self._taking_turns() as turns:  # colocated: the replicas asleep meanwhile
+                t0 = time.perf_counter()
+                calls = [asyncio.ensure_future(getattr(r, kind).remote(step, ref, config)) for r in self.ranks]
+                try:
+                    results = await self._all(calls, step)
+                except asyncio.CancelledError:  # Ctrl-C: the ranks stop together and put the weights back
+                    await asyncio.shield(self._interrupt(step, calls))
+                    raise
+                ranks_s = time.perf_counter() - t0
+            metrics = {**results[0], "seconds_ranks": ranks_s, **turns}
             if kind == "train" and not metrics.get("tokens_trained"):
                 return self.step, metrics, None
             # from here the step completes even if the caller is cancelled: whole, not half
             return await asyncio.shield(self._commit(step, metrics))
+
+    @contextlib.asynccontextmanager
+    async def _taking_turns(self) -> AsyncIterator[dict[str, float]]:
+        """Colocated: every ready replica sleeps while the ranks work on the devices it shares
+        with them (a request that reaches it meanwhile waits there), and wakes after -- also when
+        the step fails or is cancelled. Its figures: the replicas asleep, how long falling asleep
+        and waking took."""
+        figures: dict[str, float] = {}
+        if not self.be.colocate:
+            yield figures
+            return
+        t0 = time.perf_counter()
+        self.asleep, replicas = True, self.pool.ready()
+        try:
+            slept = await asyncio.gather(*(r.actor.sleep.remote() for r in replicas), return_exceptions=True)
+            for r, result in zip(replicas, slept):
+                if isinstance(result, BaseException):  # it answers on, beside the ranks; nothing is lost
+                    log.warning("%s: replica %d could not sleep for the step (%s)", self.spec.name, r.index,
+                                _cause(result))
+            figures.update(replicas_asleep=float(sum(not isinstance(x, BaseException) for x in slept)),
+                           seconds_to_sleep=time.perf_counter() - t0)
+            yield figures
+        finally:
+            t1 = time.perf_counter()
+            try:
+                woke = await asyncio.shield(asyncio.gather(*(r.actor.wake.remote() for r in replicas),
+                                                           return_exceptions=True))
+            finally:
+                self.asleep = False
+            with self.pool.lock:
+                for r, result in zip(replicas, woke):
+                    if isinstance(result, BaseException):  # drained; the health check sets it up again
+                        log.warning("%s: replica %d could not wake after the step (%s); drained until it is set "
+                                    "up again", self.spec.name, r.index, _cause(result))
+                        r.ready = False
+            figures["seconds_to_wake"] = time.perf_counter() - t1
 
     async def _all(self, futures: list[asyncio.Future], step: int) -> list[dict[str, float]]:
         """Every rank's answer; a rank lost (or stuck behind one that failed alone) abandons
@@ -511,6 +588,8 @@ class Deployment:
         ``setup_timeout_s`` is given up and the replica restarted (Ray starts it afresh)."""
         import ray
 
+        if self._stop.is_set():  # the model was unregistered meanwhile: its replicas are ended
+            return
         step = self.pool.current
         files = self.checkpoints.files(step, ADAPTER_FILES) if step else None
         try:
@@ -594,6 +673,15 @@ class Deployment:
         if self._placement is not None:
             remove_placement_group(self._placement)
             self._placement = None
+
+
+def _summed(*shapes: dict[str, float]) -> dict[str, float]:
+    """Resource shapes added up, the empty ones left out (a bundle holding several actors)."""
+    total: dict[str, float] = {}
+    for shape in shapes:
+        for k, v in shape.items():
+            total[k] = total.get(k, 0) + v
+    return {k: v for k, v in total.items() if v}
 
 
 def _cause(e: Any) -> Any:

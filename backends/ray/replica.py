@@ -3,6 +3,9 @@ server for one model, on a machine of the cluster. It serves the steps the route
 it (the adapter's files arrive as bytes: no shared filesystem is needed) and keeps each one
 until the router releases it, since the router pins requests to steps before they get here.
 
+Colocated with a trainer rank (``colocate = true``), it sleeps while the rank trains on the
+devices they share, and wakes after (``sleep``, ``wake``).
+
 A replica restarted by Ray (its node lost) comes back empty, with a new ``incarnation``: the
 backend sets it up again -- the server, the current adapter -- before sending it traffic.
 """
@@ -13,6 +16,7 @@ import os
 import shutil
 import socket
 import tempfile
+import threading
 import uuid
 from pathlib import Path
 from typing import Any, Optional
@@ -41,11 +45,15 @@ class Replica:
         self.home = Path(tempfile.mkdtemp(prefix="artsdk-replica-"))
         self.backend: Any = None
         self.url: Optional[str] = None
+        self._rest: Optional[tuple[threading.Thread, threading.Event, list]] = None  # asleep: thread, alarm, errors
 
     def info(self) -> dict[str, Any]:
         """Who this is and what it serves (the backend's health check)."""
+        import ray
+
         served = self._served()
         return {"incarnation": self.incarnation, "url": self.url, "pid": os.getpid(), "node": socket.gethostname(),
+                "node_id": ray.get_runtime_context().get_node_id(), "asleep": self._rest is not None,
                 "step": served.step if served else None, "steps": sorted(served.serving) if served else [],
                 "checkpoints": str(served.checkpoints.folder) if served else None}
 
@@ -56,6 +64,8 @@ class Replica:
             from backends.local import LocalBackend
 
             threads = self.options.pop("threads", None)
+            if self.options.pop("colocated", False):
+                self.options["vllm"] = _sharing(self.options)
             # on vLLM the replica holds no trainable copy: vLLM's process has the weights, adapters come as files
             self.backend = LocalBackend(host=reachable_host(self.driver_ip), port=0, api_key=self.key,
                                         home=str(self.home), keep_checkpoints=2, threads=threads,
@@ -89,6 +99,49 @@ class Replica:
         served._publish(step, folder, load(files["adapter_model.safetensors"]))
         served._advance(step)
 
+    async def sleep(self) -> None:
+        """Leave this bundle's devices to the trainer rank beside it until ``wake``: vLLM lets
+        the requests in flight finish, then sleeps (its weights offloaded, its cache dropped);
+        the built-in engine stops between two tokens. Requests that reach it meanwhile wait."""
+        import anyio
+
+        served = self._served()
+        if served is None or self._rest is not None:
+            return
+        entered, alarm, failed = threading.Event(), threading.Event(), []
+
+        def rest() -> None:  # one thread enters and leaves: the built-in engine's lock is its owner's
+            try:
+                with served.engine.training():
+                    entered.set()
+                    alarm.wait()
+            except BaseException as e:  # noqa: BLE001 - raised by sleep(), or by wake()
+                failed.append(e)
+            finally:
+                entered.set()
+
+        thread = threading.Thread(target=rest, name="artsdk-replica-asleep", daemon=True)
+        thread.start()
+        await anyio.to_thread.run_sync(entered.wait)
+        if failed:
+            raise failed[0]
+        self._rest = (thread, alarm, failed)
+
+    async def wake(self) -> None:
+        """Take the devices back (vLLM wakes) and answer again."""
+        import anyio
+
+        if self._rest is None:
+            return
+        thread, alarm, failed = self._rest
+        alarm.set()
+        await anyio.to_thread.run_sync(thread.join)
+        self._rest = None
+        if failed:  # vLLM could not wake: its server is ended, and the health check sets it up anew
+            backend, self.backend, self.url = self.backend, None, None
+            await backend.close()
+            raise failed[0]
+
     def release(self, step: int) -> list[int]:
         """No request of the router's is on ``step`` any more: retire it when nothing pins it."""
         served = self._served()
@@ -111,7 +164,21 @@ class Replica:
 
     async def close(self) -> None:
         """Stop the server and remove this replica's folder (its copies of the adapters)."""
+        await self.wake()
         if self.backend is not None:
             await self.backend.close()
             self.backend = None
         shutil.rmtree(self.home, ignore_errors=True)
+
+
+def _sharing(options: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """vLLM's options for a replica sharing its GPU with a trainer rank: it sleeps while the
+    rank trains, and takes half the GPU unless told otherwise (as the local backend's vLLM does
+    beside its trainer). On CPUs vLLM has no sleep mode: the options stay as given."""
+    import torch
+
+    vllm, device = options.get("vllm"), options.get("device") or "auto"
+    on_gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if options.get("engine") != "vllm" or not on_gpu:
+        return vllm
+    return {"sleep": True, "gpu_memory_utilization": 0.5, **(vllm or {})}

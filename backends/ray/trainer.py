@@ -42,6 +42,7 @@ class TrainerRank:
         self.spec = TrainableModel(**spec)
         self.rank, self.world = rank, world
         self.sharded = options.get("shard") == "fsdp"
+        self.colocated = bool(options.get("colocated"))  # a replica beside it uses its devices between steps
         self.shard = Shard(rank, world, sharded=self.sharded)
         self.device = models.pick_device(options.get("device", "auto"))
         dtype = models.pick_dtype(self.device, options.get("dtype"))
@@ -137,6 +138,10 @@ class TrainerRank:
             metrics = {**run(cfg, self.running[1]), **fsdp.held(self.policy.model)}  # (what this rank holds)
         finally:
             self.running = None
+            if self.colocated and self.device.startswith("cuda"):  # the memory the step cached, for vLLM
+                import torch
+
+                torch.cuda.empty_cache()
         if moved(metrics):
             self.pending = (step, snapshot, metrics)
         return metrics
