@@ -2,7 +2,8 @@
 (``ray.cluster_utils.Cluster``): a replica's node removed during rollouts (its calls go to the
 other replica; Ray restarts it on another node, where it loads the current adapter before it
 takes traffic), and a trainer rank killed during a step (the step is absent, and the run goes
-on from the last checkpoint)."""
+on from the last checkpoint). Placement across nodes: sharded ranks a node each, and colocated
+replicas sharing their ranks' nodes and sleeping while the ranks train."""
 
 import asyncio
 import os
@@ -229,8 +230,6 @@ async def test_colocated_replicas_sleep_in_their_ranks_bundles_while_the_ranks_t
         result = await step
         answer = await held
         assert result.step == 1 and result.metrics["replicas_asleep"] == 2.0, result.metrics
-        print("the ranks took", result.metrics["seconds_ranks"], "s; sleeping", result.metrics["seconds_to_sleep"],
-              "s, waking", result.metrics["seconds_to_wake"], "s")
         assert answer.model == "m@0" and answer.choices[0].message.content  # the step newest when it was made
         assert not any([(await r.actor.info.remote())["asleep"] for r in d.pool.replicas])
         assert (await client.chat.completions.create(**hi)).model == "m@1"
