@@ -315,7 +315,8 @@ class Deployment:
         driver_ip = ray.util.get_node_ip_address()
         shape = self.be.replica_shape
         if self.be.colocate:  # replica i in rank i's bundle, which holds them both
-            both = _summed(self._rank_shape(), {"CPU": shape["num_cpus"], "GPU": shape["num_gpus"], **shape["resources"]})
+            replica = {"CPU": shape["num_cpus"], "GPU": shape["num_gpus"], **shape["resources"]}
+            both = _summed(self._rank_shape(), replica)
             await self._place([both] * self.be.trainers, f"{self.be.trainers} trainer rank(s), each with a replica, "
                                                          f"in bundles of {both}")
         self.pool.replicas = [Replica(i, actor.options(

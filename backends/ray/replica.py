@@ -45,7 +45,8 @@ class Replica:
         self.home = Path(tempfile.mkdtemp(prefix="artsdk-replica-"))
         self.backend: Any = None
         self.url: Optional[str] = None
-        self._rest: Optional[tuple[threading.Thread, threading.Event, list]] = None  # asleep: thread, alarm, errors
+        # while asleep (or falling asleep): the thread holding the engine, its alarm, its errors, and once asleep
+        self._rest: Optional[tuple[threading.Thread, threading.Event, list, threading.Event]] = None
 
     def info(self) -> dict[str, Any]:
         """Who this is and what it serves (the backend's health check)."""
@@ -53,7 +54,7 @@ class Replica:
 
         served = self._served()
         return {"incarnation": self.incarnation, "url": self.url, "pid": os.getpid(), "node": socket.gethostname(),
-                "node_id": ray.get_runtime_context().get_node_id(), "asleep": self._rest is not None,
+                "node_id": ray.get_runtime_context().get_node_id(), "asleep": self._asleep(),
                 "step": served.step if served else None, "steps": sorted(served.serving) if served else [],
                 "checkpoints": str(served.checkpoints.folder) if served else None}
 
@@ -121,11 +122,15 @@ class Replica:
                 entered.set()
 
         thread = threading.Thread(target=rest, name="artsdk-replica-asleep", daemon=True)
+        self._rest = (thread, alarm, failed, entered)  # set first: a wake() meanwhile (a step cancelled) counts
         thread.start()
         await anyio.to_thread.run_sync(entered.wait)
-        if failed:
+        if failed and self._rest is not None and self._rest[0] is thread:  # it could not sleep
+            self._rest = None
             raise failed[0]
-        self._rest = (thread, alarm, failed)
+
+    def _asleep(self) -> bool:
+        return self._rest is not None and self._rest[3].is_set() and not self._rest[2]
 
     async def wake(self) -> None:
         """Take the devices back (vLLM wakes) and answer again."""
@@ -133,7 +138,7 @@ class Replica:
 
         if self._rest is None:
             return
-        thread, alarm, failed = self._rest
+        thread, alarm, failed, _ = self._rest
         alarm.set()
         await anyio.to_thread.run_sync(thread.join)
         self._rest = None
