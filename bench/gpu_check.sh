@@ -9,7 +9,9 @@
 #
 # It runs, on CUDA: the bf16 loop check (ratio 1 and nothing clipped at step 0 for every loss;
 # after two steps the served logprobs are the trainer's), the tests of each training defect
-# fixed (fp32), the full gather -> train -> hot-swap -> gather learning loop, and the tool-call
+# fixed (fp32) and of the trainer's review (each loss's gradient against one computed by hand),
+# the trust region, the prefix cache, tool-call parsing, the local backend's training tests
+# (the full gather -> train -> hot-swap -> gather learning loop among them) and the tool-call
 # loop; on a machine with two GPUs or more, sharded training (FSDP over NCCL, each rank's share
 # on its own GPU) against one process; where vLLM is installed, a step's adapter loaded into the
 # running vLLM with no sleep, sampled with the trainer's logprobs (each skipped, saying why,
@@ -33,9 +35,17 @@ export PYTHONUNBUFFERED=1 ARTSDK_TEST_DEVICE=${ARTSDK_TEST_DEVICE:-cuda} ARTSDK_
 '| transformers', transformers.__version__, '| peft', peft.__version__, '| device', '$ARTSDK_TEST_DEVICE')"
 } | tee "$OUT/machine.txt"
 
-$PY -m pytest -q -rA --junitxml="$OUT/junit.xml" -k "not vllm or served_only" \
+# the package's pytest plugin (art_store) is registered by pip on install; from a bare checkout, name it
+plugin=()
+$PY -c "import importlib.metadata as m, sys; sys.exit(all(e.value != 'artsdk.pytest_plugin' for e in m.entry_points(group='pytest11')))" \
+    || plugin=(-p artsdk.pytest_plugin)
+$PY -m pytest -q -rA "${plugin[@]}" -o junit_family=xunit1 --junitxml="$OUT/junit.xml" -k "not vllm or served_only" \
     tests/test_training_numerics.py \
-    "tests/test_local_training.py::test_full_loop_learns_to_answer_with_a_word" \
+    tests/test_trainer_review.py \
+    tests/test_trust_region.py \
+    tests/test_prefix_cache.py \
+    tests/test_model_output.py \
+    tests/test_local_training.py \
     tests/test_tool_calls.py \
     "tests/test_distributed.py::test_two_sharded_ranks_make_the_step_one_process_makes" \
     "tests/test_vllm_engine.py::test_served_only_no_weights_here_and_a_step_trained_elsewhere_is_served_as_trained" \

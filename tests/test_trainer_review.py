@@ -14,9 +14,9 @@ import artsdk as art
 from artsdk.testing import trajectory
 from backends.local.batch import minibatches, segments
 from backends.local.engine import Request
-from backends.local.trainer import TrainConfig, token_logprobs, train_step
+from backends.local.trainer import TrainConfig, train_step
 from tests.conftest import DEVICE, ENGINES
-from tests.test_trust_region import PROMPT, Grab, adapter, answer, tiny
+from tests.test_trust_region import PROMPT, Grab, adapter, answer, completion_logprobs, tiny
 
 pytestmark = pytest.mark.anyio
 
@@ -73,14 +73,13 @@ async def test_the_old_policy_stays_the_steps_first_weights_for_every_epoch(tmp_
         served.engine.merger.restore()
         served.model.set_adapter("policy")
         m = train_step(served.model, opt, groups, TrainConfig(loss="grpo", minibatches=1, epochs=3, max_grad_norm=1e9,
-                                                              epsilon=1e9, epsilon_high=1e9), served.tokenizing(), "cpu")
+                                                              epsilon=1e9, epsilon_high=1e9), served.tokenizing(), served.device)
         prompt = served.chat.prompt_ids(PROMPT)
 
         def logprobs() -> torch.Tensor:
             with torch.no_grad():
-                return torch.cat([token_logprobs(served.model, torch.tensor(prompt + ids), torch.arange(len(prompt) + 5),
-                                                 torch.arange(len(prompt) - 1, len(prompt) + 4))
-                                  for ids in (t.calls[0].choices[0].token_ids for t in groups[0])])
+                return torch.cat([completion_logprobs(served, prompt, t.calls[0].choices[0].token_ids)
+                                  for t in groups[0]])
 
         at = []
         for weights in opt.seen:
@@ -114,16 +113,14 @@ async def test_the_kl_term_pulls_towards_the_base_model_by_the_reverse_kl_gradie
         served.engine.merger.restore()
         served.model.set_adapter("policy")
         m = train_step(served.model, grab, groups, TrainConfig(loss="dapo", beta=beta, minibatches=1, max_grad_norm=1e9),
-                       served.tokenizing(), "cpu", reference=served.model.disable_adapter)
+                       served.tokenizing(), served.device, reference=served.model.disable_adapter)
         assert m["kl"] > 0
         served.model.zero_grad()
         expected_loss = 0.0
         for s in seqs:
-            where = (torch.tensor(prompt + s), torch.arange(len(prompt) + len(s)),
-                     torch.arange(len(prompt) - 1, len(prompt) + len(s) - 1))
             with torch.no_grad(), served.model.disable_adapter():
-                base = token_logprobs(served.model, *where)
-            lp = token_logprobs(served.model, *where)
+                base = completion_logprobs(served, prompt, s)
+            lp = completion_logprobs(served, prompt, s)
             expected_loss = expected_loss + (beta / total * (lp.detach() - base) * lp).sum()
         expected_loss.backward()
     expected = torch.cat([p.grad.flatten() for p in params])
@@ -152,8 +149,7 @@ async def test_token_normalisation_divides_by_the_steps_tokens_per_minibatch(tmp
     seqs = [[60 + 3 * i + j for j in range(n)] for i, n in enumerate(lengths)]
     prompt = served.chat.prompt_ids(PROMPT)
     with torch.no_grad():
-        own = [token_logprobs(served.model, torch.tensor(prompt + s), torch.arange(len(prompt) + len(s)),
-                              torch.arange(len(prompt) - 1, len(prompt) + len(s) - 1)) for s in seqs]
+        own = [completion_logprobs(served, prompt, s) for s in seqs]
     trajs = [answer(served, s, r, logprobs=lp.tolist()) for s, r, lp in zip(seqs, rewards, own)]
     params = [p for n, p in served.model.named_parameters() if ".policy." in n]
     grab = Grab(params)
@@ -170,7 +166,7 @@ async def test_token_normalisation_divides_by_the_steps_tokens_per_minibatch(tmp
                     super().step(closure)
 
         grab = First(params)
-        train_step(served.model, grab, [art.Group(trajectories=trajs)], cfg, served.tokenizing(), "cpu")
+        train_step(served.model, grab, [art.Group(trajectories=trajs)], cfg, served.tokenizing(), served.device)
         mean = sum(rewards) / 4
         std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / 3)
         share = sum(lengths) / 2
@@ -178,8 +174,7 @@ async def test_token_normalisation_divides_by_the_steps_tokens_per_minibatch(tmp
         ref = 0.0
         for i in first:
             s = seqs[i]
-            lp = token_logprobs(served.model, torch.tensor(prompt + s), torch.arange(len(prompt) + len(s)),
-                                torch.arange(len(prompt) - 1, len(prompt) + len(s) - 1))
+            lp = completion_logprobs(served, prompt, s)
             ref = ref - ((rewards[i] - mean) / (std + 1e-4) * lp).sum() / share
         ref.backward()
     expected = torch.cat([p.grad.flatten() for p in params])
@@ -202,7 +197,7 @@ async def test_the_recorded_logprob_is_of_the_distribution_sampled_after_top_p(t
     await be.close()
     ids = prompt + out.token_ids
     with torch.no_grad():
-        logits = served.model(input_ids=torch.tensor([ids])).logits[0].float()
+        logits = served.model(input_ids=torch.tensor([ids], device=served.device)).logits[0].float()
     cut = 0
     for k, (tok, recorded) in enumerate(zip(out.token_ids, out.logprobs)):
         full = torch.log_softmax(logits[len(prompt) - 1 + k], -1)

@@ -46,6 +46,13 @@ def batch(served, groups=4, size=4, length=6):
     return out
 
 
+def completion_logprobs(served, prompt, ids):
+    """The trainer's logprobs of ``ids`` after ``prompt``, computed where the model is (a GPU check runs on CUDA)."""
+    dev, n = served.device, len(prompt) + len(ids)
+    return token_logprobs(served.model, torch.tensor(prompt + ids, device=dev), torch.arange(n, device=dev),
+                          torch.arange(len(prompt) - 1, n - 1, device=dev))
+
+
 def adapter(served):
     return torch.cat([p.detach().flatten().clone() for n, p in served.model.named_parameters() if ".policy." in n])
 
@@ -214,8 +221,8 @@ async def test_a_reused_slot_serves_the_new_weights_not_the_merged_old_ones(tmp_
     be, model, served = await tiny(tmp_path, "slot")
     engine = served.engine
     assert engine.merger is not None  # fp32 on the CPU: adapters are served merged
-    ids = torch.tensor(served.chat.prompt_ids(PROMPT) + [10, 11, 12, 13])
-    pos = torch.arange(len(ids))
+    ids = torch.tensor(served.chat.prompt_ids(PROMPT) + [10, 11, 12, 13], device=served.device)
+    pos = torch.arange(len(ids), device=served.device)
 
     def set_policy(scale):
         with torch.no_grad():
@@ -261,8 +268,9 @@ async def test_a_gpu_checkpoint_resumes_on_the_cpu(tmp_path):
         torch.save(state, path)
     finally:
         ts._package_registry.remove(entry)
-    with pytest.raises(RuntimeError, match="CUDA"):
-        torch.load(path, weights_only=False)  # what resuming did before
+    if not torch.cuda.is_available():  # what resuming did before, on a machine without CUDA
+        with pytest.raises(RuntimeError, match="CUDA"):
+            torch.load(path, weights_only=False)
     be, model, served = await tiny(tmp_path, "gpu", learning_rate=1e-2)
     assert served.step == 1 and torch.equal(adapter(served), trained)
     await be.train(model, batch(served))  # and it trains on from there
@@ -304,10 +312,9 @@ async def test_gradient_matches_a_reference_computed_by_hand(tmp_path, loss):
         served.model.set_adapter("policy")
     offsets = [[0.3 * math.sin(i + 2 * j) for j in range(n)] for i, n in enumerate(lengths)]
     with torch.no_grad():
-        own = [token_logprobs(served.model, torch.tensor(prompt + s), torch.arange(len(prompt) + len(s)),
-                               torch.arange(len(prompt) - 1, len(prompt) + len(s) - 1)) for s in seqs]
+        own = [completion_logprobs(served, prompt, s) for s in seqs]
     # sampler logprobs a little off the trainer's: per-token weights between e^-0.3 and e^0.3
-    trajs = [answer(served, s, r, logprobs=(lp - torch.tensor(o)).tolist())
+    trajs = [answer(served, s, r, logprobs=(lp - torch.tensor(o, device=lp.device)).tolist())
              for s, r, lp, o in zip(seqs, rewards, own, offsets)]
     grab = Grab(params)
     with served.engine.lock:
@@ -321,9 +328,9 @@ async def test_gradient_matches_a_reference_computed_by_hand(tmp_path, loss):
     served.model.zero_grad()
     ref = 0.0
     for s, a, o, n in zip(seqs, adv, offsets, lengths):
-        lp = token_logprobs(served.model, torch.tensor(prompt + s), torch.arange(len(prompt) + len(s)),
-                            torch.arange(len(prompt) - 1, len(prompt) + len(s) - 1))
-        w = torch.exp(torch.tensor(o)) if loss != "gspo" else torch.exp(torch.tensor(o).mean()).expand(n)
+        lp = completion_logprobs(served, prompt, s)
+        o = torch.tensor(o, device=lp.device)
+        w = torch.exp(o) if loss != "gspo" else torch.exp(o.mean()).expand(n)
         c = {"token": 1 / total, "sequence": 1 / (4 * n), "constant": 1 / (4 * 50)}[NORMALISATION[loss]]
         ref = ref - (c * a * w.clamp(max=2.0) * lp).sum()
     ref.backward()
