@@ -95,7 +95,7 @@ async def test_the_model_s_generation_config_does_not_change_what_vllm_samples(t
     import torch
 
     from backends.local.tiny import build_tiny
-    from backends.local.trainer import token_logprobs
+    from tests.test_trust_region import completion_logprobs
 
     folder = build_tiny(tmp_path / "tiny-with-defaults")
     (folder / "generation_config.json").write_text(json.dumps({"top_k": 1, "repetition_penalty": 1.8,
@@ -109,10 +109,8 @@ async def test_the_model_s_generation_config_does_not_change_what_vllm_samples(t
     outs = served.submit(Request(prompt=prompt, max_tokens=6, n=12, temperature=1.0, seed=3)).result(300)
     assert len({tuple(o.token_ids) for o in outs}) > 6  # top_k 1 from the model's config: all alike
     for o in outs:
-        ids = torch.tensor(prompt + o.token_ids)
-        keep = torch.arange(len(prompt) - 1, len(ids) - 1)
         with torch.no_grad():
-            trainer = token_logprobs(served.model, ids, torch.arange(len(ids)), keep)
+            trainer = completion_logprobs(served, prompt, o.token_ids)
         assert (trainer - torch.tensor(o.logprobs)).abs().max() < 1e-3  # was 0.0 for every token (top_k 1)
     await be.close()
 
@@ -125,8 +123,7 @@ async def test_served_only_no_weights_here_and_a_step_trained_elsewhere_is_serve
     import torch
 
     from backends.local.engine import Request
-    from backends.local.trainer import token_logprobs
-    from tests.test_trust_region import batch
+    from tests.test_trust_region import batch, completion_logprobs
 
     trainer = LocalBackend(device="cpu", dtype="float32", home=str(tmp_path / "trainer"), http=False)
     model = art.TrainableModel("m", base_model="tiny", config={"train": {"learning_rate": 1e-2}})
@@ -147,13 +144,11 @@ async def test_served_only_no_weights_here_and_a_step_trained_elsewhere_is_serve
         served._advance(result.step)
         prompt = served.chat.prompt_ids([{"role": "user", "content": "go"}])
         (out,) = served.submit(Request(prompt=prompt, max_tokens=8, temperature=1.0, seed=1)).result(300)
-        ids = torch.tensor(prompt + out.token_ids)
-        keep = torch.arange(len(prompt) - 1, len(ids) - 1)
         with torch.no_grad():
             trained.model.set_adapter("policy")  # the trainer's weights are step 1's
-            theirs = token_logprobs(trained.model, ids, torch.arange(len(ids)), keep)
+            theirs = completion_logprobs(trained, prompt, out.token_ids)
             with trained.model.disable_adapter():
-                base = token_logprobs(trained.model, ids, torch.arange(len(ids)), keep)
+                base = completion_logprobs(trained, prompt, out.token_ids)
         ours = torch.tensor(out.logprobs)
         assert (theirs - ours).abs().max() < 1e-3 < (base - ours).abs().max()  # step 1's adapter, not the base
     finally:
