@@ -115,7 +115,7 @@ def main() -> None:
     if a.backend == "ray":
         import ray
 
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     save_result("pipeline" + ("_ray" if a.backend == "ray" else ""), asyncio.run(main_async(a)))
 
 

@@ -69,7 +69,7 @@ async def main_async(a: argparse.Namespace) -> dict:
 
     settings = {"minibatches": 2, "learning_rate": 1e-3}
     out: dict = {"model": a.model, "cpus": os.cpu_count(), "concurrent": a.concurrent, "tokens": a.tokens}
-    ray.init(num_cpus=max(6, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=max(6, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
     try:
         with tempfile.TemporaryDirectory() as home:
             model = art.TrainableModel("bench", base_model=a.model, project="bench", config={"train": settings})
@@ -165,7 +165,7 @@ async def sharding(a: argparse.Namespace) -> dict:
     from backends.ray import RayBackend
 
     out: dict = {"model": a.model, "cpus": os.cpu_count(), "runs": []}
-    ray.init(num_cpus=max(6, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=max(6, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
     try:
         with tempfile.TemporaryDirectory() as home:
             model, groups = await model_and_groups(a.model, home, 4, 8)
@@ -194,7 +194,7 @@ async def publish(a: argparse.Namespace) -> dict:
 
     from backends.ray import RayBackend
 
-    ray.init(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
     try:
         with tempfile.TemporaryDirectory() as home:
             model, groups = await model_and_groups(a.model, home, 2, 4)

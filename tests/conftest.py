@@ -3,6 +3,11 @@ import os
 import sys
 from pathlib import Path
 
+# `make test TEST_WORKERS=2` runs the suite in two worker processes (pytest-xdist): each does its
+# torch work on one thread, as do the processes it starts, so the two never fight over a core
+# (torch's threads spin; two 2-thread processes on 2 cores run several times slower than 1 + 1)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 # litellm fetches a model price list from the internet at import unless told not to
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("LITELLM_LOG", "ERROR")
@@ -11,12 +16,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pytest  # noqa: E402
 
 from artsdk.mock_server import MockServer  # noqa: E402
+from tests.xdist_groups import pytest_collection_modifyitems  # noqa: E402,F401 - the groups, on pytest 9.2
 
+
+# tests that never run beside another of their kind: each kind runs in one worker, one test after
+# another (`--dist loadgroup`). A Ray instance is a dozen processes and gigabytes (the fault tests
+# kill its nodes and ranks), a vLLM server holds gigabytes of RAM: two at once on 2 cores and
+# 24 GB would starve each other and the other worker
+on_ray = pytest.mark.xdist_group("ray")
+on_vllm = pytest.mark.xdist_group("vllm")
 
 # the local backend's inference engines, for tests that run against each
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM is not installed (make setup-vllm)")
-ENGINES = ["builtin", pytest.param("vllm", marks=needs_vllm)]
+ENGINES = ["builtin", pytest.param("vllm", marks=[needs_vllm, on_vllm])]
 
 needs_postgres = pytest.mark.skipif(importlib.util.find_spec("pgserver") is None or
                                     importlib.util.find_spec("psycopg") is None,

@@ -25,6 +25,8 @@ CACHE = Path(os.environ.get("ARTSDK_CACHE") or Path.home() / ".cache" / "artsdk"
 # bench/gpu_check.sh sets cuda: then each rank has a GPU of its own and the ranks meet over NCCL
 ON_GPU = os.environ.get("ARTSDK_TEST_DEVICE", "cpu").startswith("cuda")
 needs_two = pytest.mark.skipif(ON_GPU and torch.cuda.device_count() < 2, reason="two ranks need two GPUs (NCCL)")
+# one worker runs the module (its fixtures run the ranks once for all its tests)
+pytestmark = pytest.mark.xdist_group("distributed")
 
 
 def device(rank: int = 0) -> str:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import on_ray
+
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 PAGES = sorted(p for p in DOCS.glob("*.md") if "```python" in p.read_text())
 SHELL = {"store.md"}  # pages whose ```bash blocks are quick commands (the others start servers or runs)
@@ -34,7 +36,14 @@ def reader_env(tmp_path: Path) -> dict[str, str]:
 SLOW = {"your-agent.md": 900, "scale.md": 400}  # train SmolLM2 for a few steps: minutes, once
 
 
-@pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.timeout(SLOW.get(p.name, 300))) for p in PAGES],
+def page_marks(page: Path) -> list:
+    """A page's time limit; a page whose code starts a Ray instance never runs beside another
+    test that does (conftest.py)."""
+    ray = any('backend="ray"' in b for b in blocks(page, "python"))
+    return [pytest.mark.timeout(SLOW.get(page.name, 300)), *([on_ray] if ray else [])]
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, marks=page_marks(p)) for p in PAGES],
                          ids=[p.name for p in PAGES])
 def test_doc_examples_run_as_written(page, tmp_path):
     script = tmp_path / f"doc_{page.stem}.py"

@@ -8,7 +8,7 @@ import pytest
 
 import artsdk as art
 from artsdk.testing import trajectory
-from tests.conftest import needs_vllm
+from tests.conftest import needs_vllm, on_vllm
 from examples.email_agent import agent as email
 from examples.email_agent.inbox import Question
 from examples.game_2048 import agent as g2048
@@ -204,7 +204,7 @@ async def test_email_judge_scores_research_relative_to_each_other():
 # the engine does is the same for every example, and each vLLM start costs a minute
 @pytest.mark.parametrize("name, engine", [*((n, "builtin") for n in ("tic_tac_toe", "game_2048", "temporal_clue",
                                                                    "email_agent", "reviews")),
-                                          pytest.param("email_agent", "vllm", marks=needs_vllm)])
+                                          pytest.param("email_agent", "vllm", marks=[needs_vllm, on_vllm])])
 async def test_example_trains_end_to_end(name, engine, art_store, tmp_path, monkeypatch):
     import importlib
 

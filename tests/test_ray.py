@@ -14,15 +14,17 @@ import torch
 
 import artsdk as art
 
+from tests.conftest import on_ray
+
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, on_ray]
 
 TINY = "tiny"
 
 
 @pytest.fixture(scope="module")
 def ray_instance():
-    ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=6, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -277,6 +279,34 @@ def test_options_are_checked_by_name(tmp_path):
 
     assert available_backends()["ray"] == "backends.ray:RayBackend"  # chosen by configuration: backend = "ray"
     assert json.loads(json.dumps(RayBackend(replicas=2, replica_gpus=1).replica_shape))["num_gpus"] == 1
+
+
+def test_no_address_starts_ray_here_whatever_cluster_this_machine_last_recorded():
+    """Unset, ``address`` means a Ray instance of the backend's own on this machine (docs/scale.md),
+    even where Ray has recorded another cluster as the machine's current one (``ray start``, a
+    ray.cluster_utils.Cluster, one since gone): ray.init() would try to join that one, and refuse
+    the CPUs asked for ("When connecting to an existing cluster, num_cpus ... must not be
+    provided"). Here a dead cluster is recorded, in a Ray temp folder of the test's own."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory(prefix="ray", dir="/tmp") as temp:  # short: Ray's socket paths live in it
+        (Path(temp) / "ray").mkdir()
+        (Path(temp) / "ray" / "ray_current_cluster").write_text("127.0.0.1:9")  # a cluster since gone
+        code = ("import ray\n"
+                "from backends.ray import RayBackend\n"
+                "be = RayBackend(replicas=1, trainers=1)\n"
+                "be._connect()\n"
+                "print(ray.get_runtime_context().gcs_address)\n"
+                "ray.shutdown()\n")
+        run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=240,
+                             env={**os.environ, "RAY_TMPDIR": temp, "PYTHONPATH": str(root)})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[-1] != "127.0.0.1:9"  # an instance of its own
 
 
 def test_the_skypilot_task_file_is_one_that_runs(tmp_path):

@@ -13,10 +13,11 @@ import time
 import pytest
 
 import artsdk as art
+from tests.conftest import on_ray
 from tests.test_ray import agent, first_token
 
 ray = pytest.importorskip("ray")
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(900), on_ray]
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import pytest
 import artsdk as art
 from artsdk.errors import CheckpointError
 from backends.shared_storage import SharedCheckpoints
+from tests.conftest import on_ray
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,13 +82,14 @@ def test_bad_urls_are_refused_by_name(tmp_path, s3):
         SharedCheckpoints(str(tmp_path / "file"), "p", "m")
 
 
+@on_ray
 async def test_a_driver_killed_mid_run_is_taken_over_at_the_last_committed_step(s3, tmp_path):
     ray = pytest.importorskip("ray")
     from backends.ray import RayBackend
     from tests.test_trust_region import batch
 
     url = "s3://runs/taken-over"
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         address = ray.get_runtime_context().gcs_address
         driver = subprocess.Popen([sys.executable, "-m", "tests.ray_driver", address, str(tmp_path / "a"), url, "2"],

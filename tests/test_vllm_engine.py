@@ -8,12 +8,12 @@ import pytest
 
 import artsdk as art
 from artsdk.errors import BackendError, ModelLoadError
-from tests.conftest import needs_vllm
+from tests.conftest import needs_vllm, on_vllm
 
 pytest.importorskip("torch")
 from backends.local import LocalBackend  # noqa: E402
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, on_vllm]
 
 
 @pytest.mark.parametrize("options, culprit", [

@@ -234,9 +234,10 @@ class RayBackend:
             return
         if self.address:
             ray.init(address=self.address, include_dashboard=False, log_to_driver=True)
-        else:  # a Ray instance on this machine, with room for every replica and rank asked for
+        else:  # a Ray instance on this machine, with room for every replica and rank asked for ("local":
+            # one of its own, not the cluster Ray last recorded as this machine's, which may be gone)
             need = self.replicas * self.replica_shape["num_cpus"] + self.trainers * self.trainer_shape["CPU"]
-            ray.init(num_cpus=max(os.cpu_count() or 1, int(need + 0.999)), include_dashboard=False,
+            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(need + 0.999)), include_dashboard=False,
                      log_to_driver=True)
             self._started_ray = True
 
