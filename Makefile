@@ -60,8 +60,9 @@ demo: setup-demo
 	$(PY) -m examples.reviews.train $(ARGS)
 
 # a summary of anything skipped or failed, and the slowest tests. TEST_WORKERS=2 runs the suite in
-# two processes (pytest-xdist; about 21-30 minutes instead of 40 on 2 cores) but is not the default
-# yet: test_ctrl_c_stops_in_seconds hangs there (SIGINT not acted on in the child), cause not found
+# two processes (pytest-xdist; two full runs took 21 and 30 minutes against about 40, both before the
+# groups took effect) but is not the default yet: test_ctrl_c_stops_in_seconds hangs there (SIGINT
+# not acted on in the child), cause not found
 TEST_WORKERS ?= 0
 test: setup-frameworks
 	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) -ra --durations=15

@@ -20,9 +20,9 @@ from tests.xdist_groups import pytest_collection_modifyitems  # noqa: E402,F401 
 
 
 # tests that never run beside another of their kind: each kind runs in one worker, one test after
-# another (`--dist loadgroup`). A Ray instance is a dozen processes and gigabytes (the fault tests
-# kill its nodes and ranks), a vLLM server holds gigabytes of RAM: two at once on 2 cores and
-# 24 GB would starve each other and the other worker
+# another (`--dist loadgroup`), to bound the load on 2 cores and 24 GB: a Ray instance is a dozen
+# processes and gigabytes (the fault tests kill its nodes and ranks), a vLLM server holds
+# gigabytes of RAM
 on_ray = pytest.mark.xdist_group("ray")
 on_vllm = pytest.mark.xdist_group("vllm")
 
