@@ -18,17 +18,7 @@ when (and if) the program imports them.
 
 from . import capture as _capture
 from ._version import __version__
-from .backend import (
-    Backend,
-    Endpoint,
-    Session,
-    TrainableModel,
-    TrainResult,
-    available_backends,
-    current_session,
-    load_backend,
-    session,
-)
+from .backend import Backend, Endpoint, TrainableModel, TrainResult, available_backends, current_session, load_backend
 from .config import Settings, configure, settings
 from .errors import (
     ArtError,
@@ -43,11 +33,9 @@ from .errors import (
     TrainingError,
     TrajectoryError,
 )
-from .gather import gather
-from .judge import Judge
-from .reconcile import bind, rollout_env, rollout_url
-from .rewards import Reward, reward
-from .rollout import Args, Rollout, rollout
+from .rewards import Judge, Reward, reward
+from .rollout import Args, Rollout, bind, rollout, rollout_env, rollout_url
+from .run import Session, gather, session
 from .store import Store, default_store
 from .trajectory import Choice, ErrorInfo, Group, LLMCall, Message, Trajectory, check_messages
 from . import replay, testing  # noqa: E402  (submodules as art.replay / art.testing)

@@ -241,7 +241,7 @@ def cmd_view(a: argparse.Namespace) -> int:
 
 def cmd_mock_server(a: argparse.Namespace) -> int:
     try:
-        from .mock_server import serve
+        from .testing.mock_server import serve
     except ImportError as e:  # pragma: no cover - fastapi / uvicorn missing
         print(f"artsdk mock-server needs fastapi and uvicorn ({e}); pip install 'artsdk[view]'", file=sys.stderr)
         return 2

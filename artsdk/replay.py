@@ -18,9 +18,9 @@ from pydantic import TypeAdapter
 
 from .capture.cassette import Cassette, check_same_request, current_cassette
 from .errors import ReplayError
-from .rewards import RewardLike, score
-from .rollout import Rollout
-from .trajectory import Group, Trajectory
+from .rewards.functions import RewardLike, score
+from .rollout.decorator import Rollout
+from .trajectory.records import Group, Trajectory
 
 __all__ = ["rescore", "rescore_groups", "rerun", "check_same_request"]
 

@@ -6,7 +6,7 @@ A call names its rollout by the ``X-Artsdk-Rollout`` header artsdk's patches sen
 ``X-Artsdk-Call``, the client's number for the call), or by the per-rollout base URL
 ``<server>/r/<rollout id>/v1`` that ``art.rollout_env()`` hands to code artsdk does not
 patch. At the end of a rollout the client takes the rollout's record (``take``) and
-reconciles it with its own (``artsdk/reconcile.py``). A call with no rollout, or one for a
+reconciles it with its own (``artsdk/rollout/reconcile.py``). A call with no rollout, or one for a
 rollout that has already ended, is logged with its model and time, never dropped silently.
 """
 

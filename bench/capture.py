@@ -39,7 +39,7 @@ def free_port() -> int:
 def start_server() -> tuple[subprocess.Popen, str]:
     port = free_port()
     root = Path(__file__).resolve().parent.parent
-    proc = subprocess.Popen([sys.executable, "-m", "artsdk.mock_server", str(port)], cwd=root,
+    proc = subprocess.Popen([sys.executable, "-m", "artsdk.testing.mock_server", str(port)], cwd=root,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/v1"
     client = OpenAI(base_url=url, api_key="k", max_retries=0)

@@ -20,7 +20,7 @@ from typing import Any
 from openai import AsyncOpenAI
 
 import artsdk as art
-from bench.common import pin_threads, save_result
+from bench.common import model_arguments, pin_threads, save_result
 from examples.reviews import agent
 from examples.reviews.reviews import reviews
 
@@ -90,12 +90,10 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
+    ap = model_arguments()
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     pin_threads(a.threads)
     save_result("engines", asyncio.run(main_async(a)))

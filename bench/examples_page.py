@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from bench.report import DOC, load
+from bench.common import DOCS, load_result as load
 from bench.stats import fmt, fmt_gain, mean_se, paired
 
 # per example: title, what it is, what "solved" counts, its rewards, a GPU recipe (not yet run here)
@@ -199,4 +199,4 @@ def examples_page() -> None:
              "the warm-up) are set for the CPU; the GPU recipes keep the full tasks.", ""]
     for key in EXAMPLES:
         lines += example_section(key, load(f"example_{key}"))
-    (DOC.parent / "examples.md").write_text("\n".join(lines))
+    (DOCS / "examples.md").write_text("\n".join(lines))

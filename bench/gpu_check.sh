@@ -37,8 +37,8 @@ export PYTHONUNBUFFERED=1 ARTSDK_TEST_DEVICE=${ARTSDK_TEST_DEVICE:-cuda} ARTSDK_
 
 # the package's pytest plugin (art_store) is registered by pip on install; from a bare checkout, name it
 plugin=()
-$PY -c "import importlib.metadata as m, sys; sys.exit(all(e.value != 'artsdk.pytest_plugin' for e in m.entry_points(group='pytest11')))" \
-    || plugin=(-p artsdk.pytest_plugin)
+$PY -c "import importlib.metadata as m, sys; sys.exit(all(e.value != 'artsdk.testing.pytest_plugin' for e in m.entry_points(group='pytest11')))" \
+    || plugin=(-p artsdk.testing.pytest_plugin)
 $PY -m pytest -q -rA "${plugin[@]}" -o junit_family=xunit1 --junitxml="$OUT/junit.xml" -k "not vllm or served_only" \
     tests/test_training_numerics.py \
     tests/test_trainer_review.py \

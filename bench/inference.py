@@ -19,7 +19,7 @@ import time
 import torch
 from openai import AsyncOpenAI
 
-from bench.common import local_model, save_result
+from bench.common import local_model, model_arguments, save_result
 
 PROMPT = [{"role": "user", "content": "Tell me a short story about a robot learning to play chess."}]
 
@@ -70,11 +70,9 @@ async def main_async(a: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
+    ap = model_arguments()
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     r = asyncio.run(main_async(a))
     save_result("inference", r)

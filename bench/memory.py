@@ -9,7 +9,6 @@ Writes bench/results/memory.json.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import resource
@@ -18,7 +17,7 @@ import sys
 import tempfile
 import time
 
-from bench.common import pin_threads, save_result
+from bench.common import model_arguments, pin_threads, save_result
 
 CONFIGS = [  # (tokens_per_row, max_batch, gradient_checkpointing)
     (256, 64, False), (512, 64, False), (1024, 64, False), (2048, 64, False), (512, 16, False),
@@ -73,10 +72,8 @@ async def one(model_id: str, tokens_per_row: int, max_batch: int, checkpointing:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
+    ap = model_arguments()
     ap.add_argument("--one", nargs=3, type=int, metavar=("TOKENS_PER_ROW", "MAX_BATCH", "CHECKPOINTING"))
-    ap.add_argument("--threads", type=int, default=2, help="torch threads in this process (pinned)")
     a = ap.parse_args()
     pin_threads(a.threads)
     if a.one:

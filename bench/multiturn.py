@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from openai import AsyncOpenAI
 
-from bench.common import save_result
+from bench.common import model_arguments, save_result
 
 TURNS, ANSWER = 5, 20
 FACTS = ("The river that runs by the old mill floods each spring, and the miller keeps a ledger of every "
@@ -94,10 +94,8 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
+    ap = model_arguments(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rollouts", type=int, default=4)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache-mb", type=int, default=512)
     ap.add_argument("--engine", choices=["builtin", "vllm"], default="builtin")
     a = ap.parse_args()

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 import artsdk as art
-from bench.common import pin_threads, save_result
+from bench.common import model_arguments, pin_threads, save_result
 
 
 def make_agent(client: Any, turns: int, tool_s: float) -> Any:
@@ -99,15 +99,13 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="tiny")
+    ap = model_arguments(description=__doc__.split("\n\n")[0], model="tiny")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--per-step", type=int, default=4)
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--tool-s", type=float, default=1.0)
     ap.add_argument("--epochs", type=int, default=30, help="passes over a step's batch: the step's training time")
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3, help="pairs of runs (the ratio's mean and standard error)")
     ap.add_argument("--backend", choices=["local", "ray"], default="local")
     a = ap.parse_args()

@@ -33,7 +33,7 @@ from openai import AsyncOpenAI
 import artsdk as art
 from artsdk.testing import trajectory
 from bench.common import save_result
-from artsdk.mock_server import MockServer
+from artsdk.testing.mock_server import MockServer
 from tests.serve_process import KEY, Serve, free_port
 
 POISONS = [{"temperature": float("nan")}, {"top_p": -1}, {"seed": 2**64}, {"max_tokens": 0},

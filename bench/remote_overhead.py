@@ -23,7 +23,7 @@ import httpx
 from openai import AsyncOpenAI
 
 import artsdk as art
-from bench.common import pin_threads, local_model, save_result
+from bench.common import local_model, model_arguments, pin_threads, save_result
 from backends.remote import RemoteBackend
 from bench.train_throughput import make_groups
 
@@ -96,12 +96,10 @@ async def main_async(a: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="tiny")
+    ap = model_arguments(model="tiny")
     ap.add_argument("--concurrent", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2, help="torch threads in this process (pinned)")
     a = ap.parse_args()
     pin_threads(a.threads)
     r = asyncio.run(main_async(a))

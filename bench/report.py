@@ -5,16 +5,10 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from bench.common import DOCS, load_result as load
+from bench.examples_page import examples_page
 
-RESULTS = Path(__file__).parent / "results"
-DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-
-
-def load(name: str) -> dict | None:
-    p = RESULTS / f"{name}.json"
-    return json.loads(p.read_text()) if p.is_file() else None
+DOC = DOCS / "benchmarks.md"
 
 
 def section_capture(rs: list[dict]) -> list[str]:
@@ -479,8 +473,6 @@ def main() -> None:
         if found:
             lines += section(found)
     DOC.write_text("\n".join(lines))
-    from bench.examples_page import examples_page
-
     examples_page()
     reliability_page()
     print(f"wrote {DOC}, docs/examples.md and docs/reliability.md")

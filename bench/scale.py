@@ -35,7 +35,7 @@ import time
 from openai import AsyncOpenAI
 
 import artsdk as art
-from bench.common import pin_threads, save_result
+from bench.common import model_arguments, pin_threads, save_result
 from bench.train_throughput import make_groups
 
 PROMPT = [{"role": "user", "content": "Tell me about the sea."}]
@@ -231,12 +231,10 @@ async def publish(a: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
+    ap = model_arguments()
     ap.add_argument("--concurrent", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2, help="torch threads in this process (pinned)")
     ap.add_argument("--part", choices=["machinery", "sharding", "publish"], default="machinery")
     ap.add_argument("--long-tokens", type=int, default=384, help="publish: each long request's tokens")
     ap.add_argument("--settle", type=float, default=5.0, help="publish: seconds before the step is published")

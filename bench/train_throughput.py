@@ -24,7 +24,7 @@ import anyio
 import torch
 
 import artsdk as art
-from bench.common import local_model, save_result
+from bench.common import local_model, model_arguments, save_result
 from artsdk.testing import trajectory
 from backends.local.attention import packed_attention
 from backends.local.batch import advantages, pack, segments
@@ -124,12 +124,10 @@ async def main_async(a: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
+    ap = model_arguments()
     ap.add_argument("--groups", type=int, default=4)
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     r = anyio.run(main_async, a)
     save_result("train_throughput" + ("_tiny" if a.model == "tiny" else ""), r)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import save_result
+from bench.common import model_arguments, save_result
 
 PROMPT = "Name a color, then say why you like it."
 # an agent-like prompt: instructions and tool descriptions ahead of the question (--long-prompt)
@@ -112,13 +112,11 @@ async def run_artsdk(a: argparse.Namespace) -> list[float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
+    ap = model_arguments()
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=1)
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--long-prompt", action="store_true", help="an agent-like prompt of ~400 tokens")
     a = ap.parse_args()
     a.prompt = LONG_PROMPT if a.long_prompt else PROMPT

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pytest  # noqa: E402
 
-from artsdk.mock_server import MockServer  # noqa: E402
+from artsdk.testing.mock_server import MockServer  # noqa: E402
 from tests.xdist_groups import pytest_collection_modifyitems  # noqa: E402,F401 - the groups, on pytest 9.2
 
 
@@ -72,7 +72,7 @@ DEVICE = os.environ.get("ARTSDK_TEST_DEVICE", "cpu")
 
 @pytest.fixture(scope="session")
 def server():
-    """A real OpenAI-compatible HTTP server on 127.0.0.1 (artsdk/mock_server.py)."""
+    """A real OpenAI-compatible HTTP server on 127.0.0.1 (artsdk/testing/mock_server.py)."""
     with MockServer() as s:
         yield s
 

@@ -152,7 +152,7 @@ async def test_the_raw_response_wrapper_is_recorded(async_anthropic):
 
 
 async def test_a_session_routes_the_calls_and_a_stored_trajectory_replays(art_store):
-    from artsdk.mock_server import MockServer
+    from artsdk.testing.mock_server import MockServer
     from tests.test_session_config import ScriptedBackend
 
     client = anthropic.AsyncAnthropic(api_key="user-key", max_retries=0)  # Anthropic's own API, by default

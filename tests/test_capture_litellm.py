@@ -134,7 +134,7 @@ async def test_responses_and_aresponses_plain_and_streamed(kw):
 
 
 def test_sync_responses_in_a_session_is_routed(server, art_store):
-    from artsdk.mock_server import MockServer
+    from artsdk.testing.mock_server import MockServer
     from tests.test_session_config import ScriptedBackend
 
     @art.rollout

@@ -183,7 +183,7 @@ async def test_a_body_left_unread_is_recorded_when_the_rollout_ends(async_client
 # -- sessions and replay ------------------------------------------------------------------
 
 async def test_responses_calls_are_routed_in_a_session_and_replay(server, art_store):
-    from artsdk.mock_server import MockServer
+    from artsdk.testing.mock_server import MockServer
     from tests.test_session_config import ScriptedBackend
 
     client = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="user-key", max_retries=0)

@@ -155,7 +155,7 @@ async def test_email_warmup_conversations_are_what_the_agent_sees(monkeypatch):
     the conversation the warm-up trains on: SFT and the rollout agree token for token."""
     from openai import AsyncOpenAI
 
-    from artsdk.mock_server import MockServer
+    from artsdk.testing.mock_server import MockServer
     from examples.email_agent import train as email_train
     from examples.email_agent.baselines import warmup_conversations
 
@@ -178,7 +178,7 @@ async def test_email_warmup_conversations_are_what_the_agent_sees(monkeypatch):
 
 
 async def test_email_judge_scores_research_relative_to_each_other():
-    from artsdk.mock_server import MockServer
+    from artsdk.testing.mock_server import MockServer
 
     asked = []
 
@@ -433,7 +433,7 @@ async def test_fresh_and_resumed_runs_alike_on_both_backends(backend, art_store,
 # -- bench.examples: baselines on the same scenarios and rewards, any model by URL -------------
 
 async def test_example_baselines_and_a_model_by_url():
-    from artsdk.mock_server import MockServer
+    from artsdk.testing.mock_server import MockServer
     from bench.examples import baselines, by_url, example_of
     from examples.runner import load_config
 

@@ -177,7 +177,7 @@ async def test_record_calls_setting_stores_plain_calls(client, art_store):
 
 
 def test_the_cut_tool_call_warning_is_only_for_answers_cut_inside_a_tool_call(caplog):
-    from artsdk.gather import _report
+    from artsdk.run.gather import _report
     from artsdk.testing import trajectory
 
     tools = [{"type": "function", "function": {"name": "search"}}]

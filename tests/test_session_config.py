@@ -4,7 +4,7 @@ import pytest
 from openai import AsyncOpenAI
 
 import artsdk as art
-from artsdk.mock_server import MockServer
+from artsdk.testing.mock_server import MockServer
 
 pytestmark = pytest.mark.anyio
 

@@ -414,7 +414,7 @@ def test_the_trajectory_page_shows_any_stored_shape(tmp_path, browser):
 
 def test_the_trajectory_page_says_what_each_record_held(tmp_path, browser):
     """A call only the backend's endpoint saw (a subprocess's, say) is marked as added from its
-    record, and the two records' counts are on the page (artsdk/reconcile.py)."""
+    record, and the two records' counts are on the page (artsdk/rollout/reconcile.py)."""
     from selenium.webdriver.common.by import By
 
     ask = [{"role": "user", "content": "hi"}]

@@ -18,7 +18,7 @@ import importlib
 import json
 from typing import Any, Callable
 
-from ..trajectory import LLMCall
+from ..trajectory.records import LLMCall
 from . import context
 from .cassette import current_cassette
 from .context import for_backend, one_call

@@ -10,7 +10,7 @@ from contextvars import ContextVar
 from typing import Any, Optional
 
 from ..errors import ReplayError
-from ..trajectory import LLMCall
+from ..trajectory.records import LLMCall
 
 
 class Cassette:

@@ -20,7 +20,7 @@ from .current import current_recorder  # re-exported: defined below record.py, w
 from .record import failed_call
 
 if TYPE_CHECKING:
-    from ..trajectory import LLMCall
+    from ..trajectory.records import LLMCall
 
 
 class Recorder:
@@ -187,7 +187,7 @@ def for_backend(kwargs: dict[str, Any], slot: Optional[int] = None) -> dict[str,
     (``with_sample_seed``), and the rollout's id and the call's number in headers: by the id a
     backend with several inference replicas keeps a rollout's calls on one (its prefix cache
     stays warm), and the endpoint files its own record of the call, which the number matches
-    with this one (``artsdk/reconcile.py``)."""
+    with this one (``artsdk/rollout/reconcile.py``)."""
     kwargs = with_sample_seed(kwargs, slot)
     rec = current_recorder.get()
     headers = kwargs.get("extra_headers") or {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..trajectory import LLMCall
+from ..trajectory.records import LLMCall
 from .litellm_patch import Kind, ReplayStream, watch_stream_class
 from .record import StreamAccumulator, chunks_from_call, from_response, request_parts, response_from_call
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Optional
 
-from ..trajectory import LLMCall
+from ..trajectory.records import LLMCall
 from . import context, litellm_callbacks
 from .cassette import Cassette, current_cassette
 from .context import Recorder, current_recorder, for_backend, one_call, route_for

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..trajectory import LLMCall
+from ..trajectory.records import LLMCall
 from .litellm_patch import Kind, ReplayStream, watch_stream_class
 from .openai_patch import built_as
 from .responses_record import ResponsesStreamAccumulator, events_from_call, from_response, response_from_call

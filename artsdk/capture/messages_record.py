@@ -5,7 +5,7 @@ The call keeps the request's own fields as sent (``params["messages"]`` with the
 ``params["system"]``, ``params["tools"]``, ``max_tokens``, ``thinking``...) and the answer's
 content blocks (``message["blocks"]``, with ``id`` and ``stop_reason``), and the chat view the
 rest of artsdk reads (``messages``, ``tools``, the answer as an assistant message with
-``tool_calls``; ``artsdk/message_blocks.py``). A server that samples the answer itself
+``tool_calls``; ``artsdk/trajectory/message_blocks.py``). A server that samples the answer itself
 (artsdk's backends) adds ``token_ids``, ``logprobs`` and ``prompt_token_ids`` to the Message:
 they are kept, so the call trains token-exactly.
 """
@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Optional
 
-from ..message_blocks import as_block, assistant_message, blocks_of, chat_messages, chat_tools
-from ..trajectory import Choice, LLMCall
+from ..trajectory.message_blocks import as_block, assistant_message, blocks_of, chat_messages, chat_tools
+from ..trajectory.records import Choice, LLMCall
 from .record import CUT, extra_field, given, served_step
 
 _NOT_PARAMS = frozenset({"model", "stream", "extra_headers", "extra_query", "timeout", "output_format"})

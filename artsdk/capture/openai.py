@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..trajectory import LLMCall
+from ..trajectory.records import LLMCall
 from .openai_patch import API, built_as, replay_stream
 from .record import StreamAccumulator, chunks_from_call, from_response, request_parts, response_from_call
 

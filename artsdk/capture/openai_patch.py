@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Optional
 
-from ..trajectory import LLMCall
+from ..trajectory.records import LLMCall
 from . import context, http_body, refusal_retries
 from .cassette import Cassette, current_cassette
 from .context import Recorder, Route, current_recorder, for_backend, one_call, route_for, routes

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..trajectory import LLMCall
+from ..trajectory.records import LLMCall
 from .openai_patch import API, built_as, replay_stream
 from .responses_record import ResponsesStreamAccumulator, events_from_call, from_response, response_from_call
 from .responses_record import responses_request

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Optional
 
-from ..trajectory import Choice, LLMCall, as_message
+from ..trajectory.records import Choice, LLMCall, as_message
 from .current import current_recorder
 
 # Request keys that are not sampling parameters (or cannot be stored as JSON).

@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from typing import Any, Iterable, Optional
 
-from ..response_items import as_item, assistant_message, chat_messages, chat_tools, items_of
-from ..trajectory import Choice, LLMCall
+from ..trajectory.response_items import as_item, assistant_message, chat_messages, chat_tools, items_of
+from ..trajectory.records import Choice, LLMCall
 from .record import CUT, extra_field, given, response_format_sent, served_step
 
 _NOT_PARAMS = frozenset({"model", "stream", "extra_headers", "extra_query", "timeout", "api_key", "api_base",

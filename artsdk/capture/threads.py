@@ -4,7 +4,7 @@
 ``ThreadPool`` -- even one made before the rollout -- runs in a copy of the rollout's context,
 so the LLM calls it makes are recorded in the rollout's trajectory like any other. A
 long-lived thread that takes work from a queue is not the rollout's: hand it ``art.bind(fn)``
-(``artsdk/reconcile.py``), or its calls to the trainable model reach the endpoint with no
+(``artsdk/rollout/reconcile.py``), or its calls to the trainable model reach the endpoint with no
 rollout (logged there)."""
 
 from __future__ import annotations

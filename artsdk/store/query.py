@@ -8,7 +8,7 @@ from typing import Any, Optional, Sequence
 import sqlalchemy as sa
 
 from ..errors import StoreError
-from ..trajectory import Group, Trajectory
+from ..trajectory.records import Group, Trajectory
 from . import tables as T
 from .rows import Table, build_trajectories, loads
 

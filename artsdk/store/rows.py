@@ -9,7 +9,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 from pydantic_core import from_json, to_json
 
-from ..trajectory import Choice, ErrorInfo, Group, LLMCall, Trajectory
+from ..trajectory.records import Choice, ErrorInfo, Group, LLMCall, Trajectory
 from . import tables as T
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-from ..trajectory import Group, Trajectory
+from ..trajectory.records import Group, Trajectory
 
 ESCAPED = ("some text of this trajectory held characters that are not valid Unicode (lone surrogates, "
            "e.g. from a file name that is not UTF-8); they were stored escaped, as \\udXXX")

@@ -14,7 +14,7 @@ from typing import IO, Any, Iterable, Iterator, Optional, Sequence, Union
 import sqlalchemy as sa
 
 from ..errors import StoreError
-from ..trajectory import Group, Trajectory
+from ..trajectory.records import Group, Trajectory
 from . import tables as T
 from .database import connect, prepare, sqlite_path, transient
 from .query import latest_run, load, load_checkpoints, load_groups, load_runs, load_steps, select_trajectories

@@ -89,7 +89,7 @@ def recover(folder: Path, stored: Callable[[list[str], list[str]], tuple[set[str
     which are in the store already, ``write(trajectories, group rows, replace)`` commits the
     rest. A file whose content is all stored moves to ``recovered/``, so a second run has
     nothing to do; a file that fails stays where it is."""
-    from ..trajectory import Trajectory
+    from ..trajectory.records import Trajectory
 
     report = Recovery(folder=str(folder))
     for path in pending(folder):

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from pydantic_core import PydanticSerializationError
 
 from ..errors import StoreError
-from ..trajectory import Group, Trajectory
+from ..trajectory.records import Group, Trajectory
 from . import tables as T
 from .rows import Rows, gc_paused, group_row, trajectory_rows
 from .storable import ESCAPED, storable, storable_group

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from artsdk.errors import TrajectoryError
-from artsdk.response_items import whole_conversation
+from artsdk.trajectory.response_items import whole_conversation
 from artsdk.trajectory import Choice, Group, LLMCall, Trajectory
 
 from .engine import MIN_TEMPERATURE

@@ -2,7 +2,7 @@
 engine and chat template as ``/v1/chat/completions``, so an agent written against the
 ``anthropic`` client trains unchanged.
 
-Content blocks become chat messages (``artsdk.message_blocks``: ``tool_use`` blocks the
+Content blocks become chat messages (``artsdk.trajectory.message_blocks``: ``tool_use`` blocks the
 assistant's tool calls, ``tool_result`` blocks tool messages), the answer is parsed for tool
 calls the same way as chat's, and comes back as content blocks with Anthropic's stop reasons
 (``end_turn``, ``max_tokens``, ``stop_sequence``, ``tool_use``). Like every answer of this
@@ -32,7 +32,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from artsdk.message_blocks import chat_messages, chat_tools, content_blocks
+from artsdk.trajectory.message_blocks import chat_messages, chat_tools, content_blocks
 
 from ..endpoint_record import EndpointRecord, rollout_of, served_call
 from .engine import Completion

@@ -1,7 +1,7 @@
 """The local backend's ``POST /v1/responses``: the OpenAI Responses API on top of the same
 engine and chat template as ``/v1/chat/completions``.
 
-Input items become chat messages (``artsdk.response_items``), the answer is parsed for tool
+Input items become chat messages (``artsdk.trajectory.response_items``), the answer is parsed for tool
 calls the same way, and comes back as output items. Like every answer of this server, the
 response carries the sampled ``token_ids``, their ``logprobs`` and the ``prompt_token_ids``
 (top-level fields next to OpenAI's), and names the adapter step that answered in ``model``
@@ -28,7 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from artsdk.response_items import chat_messages, chat_tools, items_of, output_items
+from artsdk.trajectory.response_items import chat_messages, chat_tools, items_of, output_items
 
 from ..endpoint_record import EndpointRecord, rollout_of, served_call
 from .engine import Completion

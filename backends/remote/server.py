@@ -293,7 +293,7 @@ def build_app(backend: Any, backend_name: str, home: Path, api_key: Optional[str
     @app.post("/v1/art/rollouts/{rollout}/calls")
     async def rollout_calls(rollout: str = PathParam(pattern=r"^[A-Za-z0-9_-]{1,64}$")) -> dict[str, Any]:
         """The calls the endpoint answered for a rollout, taken: the rollout's client reconciles
-        them with its own record when the rollout ends (artsdk/reconcile.py)."""
+        them with its own record when the rollout ends (artsdk/rollout/reconcile.py)."""
         take = getattr(backend, "endpoint_calls", None)
         calls = await take(rollout) if take is not None else []
         return {"rollout": rollout, "calls": [json.loads(c.model_dump_json(fallback=repr)) for c in calls]}

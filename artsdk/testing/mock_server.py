@@ -4,7 +4,7 @@ the Responses API and Anthropic's Messages API (``/v1/messages``), plain and str
 calls; it needs fastapi and uvicorn (the ``local`` or ``view`` extra).
 
 ```python
-from artsdk.mock_server import MockServer
+from artsdk.testing.mock_server import MockServer
 from openai import OpenAI
 
 server = MockServer().start()                      # a free port on 127.0.0.1
@@ -43,7 +43,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from .slow_clients import KEEP_ALIVE
+from ..slow_clients import KEEP_ALIVE
 
 # a scripted answer to the messages: the text, a message dict, or None for the usual rules
 Script = Callable[[list[dict[str, Any]]], Optional[Union[str, dict[str, Any]]]]
@@ -133,7 +133,7 @@ def make_app(step: int = 0, script: Optional[Script] = None) -> FastAPI:
         input decides); a function call when tools are given and the text is "tool please"."""
         body = await request.json()
         app.state.requests.append({"body": body, "auth": request.headers.get("authorization"), "api": "responses"})
-        from artsdk.response_items import chat_messages, items_of, output_items
+        from artsdk.trajectory.response_items import chat_messages, items_of, output_items
 
         messages = chat_messages(items_of(body.get("input")), body.get("instructions"))
         text = _last_user(messages)
@@ -166,7 +166,7 @@ def make_app(step: int = 0, script: Optional[Script] = None) -> FastAPI:
         auth = request.headers.get("x-api-key") or request.headers.get("authorization")  # as the client sends it
         app.state.requests.append({"body": body, "auth": auth, "api": "messages"})
         from artsdk.capture.messages_record import message_events
-        from artsdk.message_blocks import chat_messages, content_blocks
+        from artsdk.trajectory.message_blocks import chat_messages, content_blocks
 
         chat = chat_messages(body.get("messages") or [], body.get("system"))
         text = _last_user(chat)
@@ -330,7 +330,7 @@ def serve(port: int = 8765, host: str = "127.0.0.1") -> None:
     uvicorn.run(make_app(), host=host, port=port, log_level="warning", access_log=False, timeout_keep_alive=KEEP_ALIVE)
 
 
-if __name__ == "__main__":  # python -m artsdk.mock_server PORT  (used by the benchmarks)
+if __name__ == "__main__":  # python -m artsdk.testing.mock_server PORT  (used by the benchmarks)
     import sys
 
     serve(int(sys.argv[1]) if len(sys.argv) > 1 else 8765)

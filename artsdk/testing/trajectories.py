@@ -11,7 +11,7 @@ def test_won():
 ```
 
 The pytest fixture ``art_store`` (registered when artsdk is installed, see
-``artsdk.pytest_plugin``) gives each test an empty SQLite store in a temporary folder and
+``artsdk.testing.pytest_plugin``) gives each test an empty SQLite store in a temporary folder and
 makes it the default store.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from .trajectory import Choice, ErrorInfo, LLMCall, Message, Trajectory, check_messages
+from ..trajectory.records import Choice, ErrorInfo, LLMCall, Message, Trajectory, check_messages
 
 
 def trajectory(

@@ -18,8 +18,8 @@ import pytest
 
 @pytest.fixture(name="art_store")
 def art_store(tmp_path: Any) -> Iterator[Any]:
-    from . import config
-    from .store import default_store
+    from .. import config
+    from ..store import default_store
 
     config.configure(store=str(tmp_path / "store.db"), home=str(tmp_path / ".artsdk"))
     try:

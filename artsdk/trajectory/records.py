@@ -13,7 +13,7 @@ from typing import Any, Iterable, Iterator, Optional, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import CaptureError, TrajectoryError
+from ..errors import CaptureError, TrajectoryError
 
 Message = dict[str, Any]
 """One chat message in OpenAI format: ``{"role": ..., "content": ..., "tool_calls": ...}``."""

@@ -21,7 +21,7 @@ class Progress:
 
     def __init__(self, label: str, total: Optional[float] = None, unit: str = "it",
                  enabled: Optional[bool] = None) -> None:
-        from .config import settings
+        from ..config import settings
 
         setting = settings().progress
         self.on = (setting if setting is not None else True) if enabled is None else enabled

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import contextvars
 import functools
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, TypeVar
 
-from .capture.context import current_recorder, routes
-from .errors import CaptureError, RolloutError
-from .trajectory import ErrorInfo, LLMCall, Trajectory
+from ..backend import current_session
+from ..capture.context import current_recorder, routes
+from ..errors import CaptureError, RolloutError
+from ..trajectory.records import ErrorInfo, LLMCall, Trajectory
 
 T = TypeVar("T")
 MISMATCH = "the client's and the endpoint's records of this rollout's calls to the trainable model differ"
@@ -88,8 +89,7 @@ def _fill_tokens(mine: LLMCall, theirs: LLMCall) -> None:
 async def with_endpoint_record(traj: Trajectory) -> None:
     """Reconcile ``traj`` with the endpoint's record of it, when a session is open and its
     backend keeps one (``Backend.endpoint_calls``)."""
-    from .backend import current_session
-    from .config import settings
+    from ..config import settings
 
     run = current_session()
     fetch = getattr(run.backend, "endpoint_calls", None) if run is not None else None
@@ -124,7 +124,6 @@ def rollout_url() -> str:
     """The base URL that files a call under the running rollout: the open session's endpoint
     at ``/r/<rollout id>/v1``. For a client artsdk does not patch (``httpx.post``, a native
     client); inside a rollout only."""
-    from .backend import current_session
 
     rec = current_recorder.get()
     run = current_session()
@@ -146,7 +145,6 @@ def rollout_env() -> dict[str, str]:
 
     The calls are filed by the endpoint and added to the trajectory when the rollout ends,
     with their exact token ids. Inside a rollout, with a session open."""
-    from .backend import current_session
 
     url = rollout_url()
     run = current_session()

@@ -23,11 +23,12 @@ from typing import Any, Awaitable, Callable, Generic, Iterator, Optional, Sequen
 
 import anyio
 
-from .capture import Recorder, current_recorder
-from .errors import CaptureError, RewardError
+from ..backend import current_session
+from ..capture import Recorder, current_recorder
+from ..errors import CaptureError, RewardError
+from ..rewards.functions import RewardLike, score
+from ..trajectory.records import ErrorInfo, Trajectory, utcnow
 from .reconcile import note_changed_history, with_endpoint_record
-from .rewards import RewardLike, score
-from .trajectory import ErrorInfo, Trajectory, utcnow
 
 log = logging.getLogger("artsdk")
 R = TypeVar("R")
@@ -54,8 +55,7 @@ class Args:
 
 
 def _context_fields() -> dict[str, Any]:
-    from .backend import current_session
-    from .config import settings
+    from ..config import settings
 
     run = current_session()
     if run is not None:
@@ -98,11 +98,10 @@ class Rollout(Generic[R]):
     def _record_plain(self, traj: Trajectory) -> None:
         # plain calls are stored only when asked to (or inside a session): a decorated
         # function called from a unit test should not write files
-        from .backend import current_session
-        from .config import settings
+        from ..config import settings
 
         if settings().record_calls or current_session() is not None:
-            from .store import default_store
+            from ..store import default_store
 
             default_store().submit(traj)
 
@@ -211,7 +210,7 @@ class Rollout(Generic[R]):
         ``error`` set. A reward that raises or returns a non-number raises RewardError after
         the trajectory is stored.
         """
-        from .store import default_store
+        from ..store import default_store
 
         traj = await self.run(args, kwargs, interrupted=default_store().submit)
         problem: Optional[RewardError] = None

@@ -13,16 +13,16 @@ metrics, the trackers too), which the viewer draws as a curve of its own.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
-from .trajectory import Trajectory
-
-if TYPE_CHECKING:
-    from .backend import Session
-    from .rollout import Rollout
+from ..backend import OpenSession
+from ..rollout.decorator import Args, Rollout
+from ..store import default_store
+from ..trajectory.records import Trajectory
+from .gather import gather
 
 
 class Evaluation(BaseModel):
@@ -49,7 +49,7 @@ class Evaluation(BaseModel):
         return {f"eval/{self.name}/{k}": v for k, v in out.items()}
 
 
-async def evaluate(run: "Session", agent: "Rollout[Any]", scenarios: Iterable[Any], *,
+async def evaluate(run: OpenSession, agent: Rollout[Any], scenarios: Iterable[Any], *,
                    rewards: Optional[Sequence[Any]] = None, name: str = "eval",
                    metrics: Optional[dict[str, Callable[[Trajectory], Any]]] = None,
                    concurrency: Optional[int] = None, **arguments: Any) -> Evaluation:
@@ -57,10 +57,6 @@ async def evaluate(run: "Session", agent: "Rollout[Any]", scenarios: Iterable[An
     it as an evaluation and file its figures with the step. ``arguments`` go to every call of
     the agent (``temperature=0.0`` for greedy answers, where the agent takes one); ``metrics``
     are figures of one trajectory (``{"solved": lambda t: t.outcome["won"]}``), averaged."""
-    from .gather import gather
-    from .rollout import Args
-    from .store import default_store
-
     calls = [Args(*s.args, **{**s.kwargs, **arguments}) if isinstance(s, Args) else Args(s, **arguments)
              for s in scenarios]
     groups = await gather(agent, calls, group_size=1, rewards=rewards, concurrency=concurrency, store=False)

@@ -24,9 +24,9 @@ from collections import OrderedDict
 from time import perf_counter
 from typing import Any, Optional, Sequence
 
-from .errors import RewardError
-from .rewards import Reward
-from .trajectory import LLMCall, Trajectory
+from ..errors import RewardError
+from .functions import Reward
+from ..trajectory.records import LLMCall, Trajectory
 
 INSTRUCTIONS = (
     "You judge candidate attempts at a task. Compare them with each other and score each from 0 (worst) "
@@ -94,7 +94,7 @@ class Judge(Reward):
             text[-self.max_chars // 2:]
 
     async def _ask(self, shown: list[str]) -> tuple[list[float], LLMCall]:
-        from .capture.record import from_response
+        from ..capture.record import from_response
 
         body = "\n\n".join(f"Candidate {i + 1}:\n{s}" for i, s in enumerate(shown))
         messages = [{"role": "system", "content": INSTRUCTIONS},

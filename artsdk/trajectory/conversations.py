@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Union
 
-from .errors import TrajectoryError
-from .trajectory import Choice, Group, LLMCall, Trajectory, check_messages
+from ..errors import TrajectoryError
+from .records import Choice, Group, LLMCall, Trajectory, check_messages
 
 Examples = Union[str, Path, Iterable[Union[Trajectory, Group, dict[str, Any]]]]
 

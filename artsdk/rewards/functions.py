@@ -26,8 +26,8 @@ import inspect
 import math
 from typing import Any, Callable, Optional, Sequence, Union, overload
 
-from .errors import RewardError, first_error
-from .trajectory import Trajectory
+from ..errors import RewardError, first_error
+from ..trajectory.records import Trajectory
 
 
 class Reward:

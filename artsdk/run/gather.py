@@ -7,12 +7,13 @@ from typing import Any, Iterable, Optional, Sequence
 
 import anyio
 
-from .capture.sentinel import ESCAPED
+from ..backend import current_session
+from ..capture.sentinel import ESCAPED
+from ..errors import RewardError, RolloutError, StoreError, first_error
+from ..rewards.functions import RewardLike, score
+from ..rollout.decorator import Args, Rollout
+from ..trajectory.records import Group, new_id
 from .progress import Progress
-from .errors import RewardError, RolloutError, StoreError, first_error
-from .rewards import RewardLike, score
-from .rollout import Args, Rollout
-from .trajectory import Group, new_id
 
 log = logging.getLogger("artsdk")
 
@@ -66,8 +67,8 @@ async def gather(
         return await _with_signal(rollout, scenarios, signal_groups, max_scenarios, group_size=group_size,
                                   rewards=rewards, concurrency=concurrency, retries=retries, timeout=timeout,
                                   progress=progress, store=store)
-    from .config import settings
-    from .store import default_store
+    from ..config import settings
+    from ..store import default_store
 
     if not isinstance(rollout, Rollout):
         raise RolloutError(f"gather needs a function decorated with @art.rollout, got {rollout!r}")
@@ -150,7 +151,7 @@ async def gather(
     finally:
         bar.close()
         if pending_writes:
-            from .store import wait
+            from ..store import wait
 
             for f in pending_writes:  # failed attempts: a write that fails is logged by the store, not raised here
                 try:
@@ -198,8 +199,6 @@ def _sample_seeds() -> Any:
     model sample with, from the run's seed (the model's ``train.seed``), its step and how many
     gathers that step made, so a run samples the same way every time it runs. Outside: None."""
     import hashlib
-
-    from .backend import current_session
 
     run = current_session()
     if run is None:

@@ -131,7 +131,7 @@ def whole_conversation(calls: list[Any], call: Any) -> list[Item]:
     the response it continues (``previous_response_id``), found among ``calls`` (the
     trajectory's, recorded earlier). TrajectoryError when that response is not there: the
     server kept the beginning, and nothing recorded holds it."""
-    from .errors import TrajectoryError
+    from ..errors import TrajectoryError
 
     messages = list(call.messages)
     previous = call.params.get("previous_response_id")

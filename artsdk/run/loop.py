@@ -33,13 +33,12 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Optional, Sequence
+from typing import Any, AsyncIterator, Iterable, Optional, Sequence
 
-from .errors import RolloutError, TrainingError, TrajectoryError
-
-if TYPE_CHECKING:
-    from .backend import Session, TrainResult
-    from .rollout import Rollout
+from ..backend import OpenSession, TrainResult
+from ..errors import RolloutError, TrainingError, TrajectoryError
+from ..rollout.decorator import Rollout
+from .gather import gather
 
 
 @dataclass
@@ -52,13 +51,11 @@ class _Batch:
     waited: float  # seconds the gatherer waited for the lag bound before it
 
 
-async def loop(run: "Session", agent: "Rollout[Any]", scenarios: Iterable[Any], *, group_size: int,
+async def loop(run: OpenSession, agent: Rollout[Any], scenarios: Iterable[Any], *, group_size: int,
                steps: int, scenarios_per_step: int, rewards: Optional[Sequence[Any]] = None,
                max_policy_lag: int = 1, signal_groups: Optional[int] = None,
-               max_scenarios: Optional[int] = None, **options: Any) -> AsyncIterator["TrainResult"]:
+               max_scenarios: Optional[int] = None, **options: Any) -> AsyncIterator[TrainResult]:
     """See the module docs. ``options`` go to ``art.gather`` (concurrency, retries, timeout...)."""
-    from .gather import gather
-
     if isinstance(max_policy_lag, bool) or not isinstance(max_policy_lag, int) or max_policy_lag < 0:
         raise RolloutError(f"max_policy_lag must be a whole number of steps, 0 or more; got {max_policy_lag!r}")
     if steps < 0 or scenarios_per_step < 1:
@@ -115,11 +112,9 @@ async def loop(run: "Session", agent: "Rollout[Any]", scenarios: Iterable[Any], 
                 pass
 
 
-async def _train(run: "Session", groups: list[Any], max_policy_lag: int, figures: dict[str, float]) -> "TrainResult":
+async def _train(run: OpenSession, groups: list[Any], max_policy_lag: int, figures: dict[str, float]) -> TrainResult:
     """A step on ``groups``, tokens older than the lag bound trained as context; a step the
     backend refuses for its data (nothing moved) comes back as not trained, with why."""
-    from .backend import TrainResult
-
     try:
         return await run.train(groups, max_policy_lag=max_policy_lag, extra_metrics=figures)
     except (TrajectoryError, TrainingError) as e:  # refused before any weight moved
