@@ -6,8 +6,10 @@ A call names its rollout by the ``X-Artsdk-Rollout`` header artsdk's patches sen
 ``X-Artsdk-Call``, the client's number for the call), or by the per-rollout base URL
 ``<server>/r/<rollout id>/v1`` that ``art.rollout_env()`` hands to code artsdk does not
 patch. At the end of a rollout the client takes the rollout's record (``take``) and
-reconciles it with its own (``artsdk/rollout/reconcile.py``). A call with no rollout, or one for a
-rollout that has already ended, is logged with its model and time, never dropped silently.
+reconciles it with its own (``artsdk/rollout/reconcile.py``). A call with no rollout is logged
+with its model and time, never dropped silently. A call to an ended rollout's path is refused
+(410): it would be on no trajectory; one that names an ended rollout by header (a task the
+rollout did not wait for) is answered. Either is logged once per rollout, with how many came.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import time
 from typing import Any, Awaitable, Callable, Optional
 
 from artsdk.trajectory import Choice, LLMCall
+
+from .http import error
 
 log = logging.getLogger("artsdk.endpoint")
 
@@ -37,7 +41,8 @@ class EndpointRecord:
 
     def __init__(self) -> None:
         self._calls: "collections.OrderedDict[str, list[LLMCall]]" = collections.OrderedDict()
-        self._ended: "collections.OrderedDict[str, None]" = collections.OrderedDict()
+        # ended rollouts -> whether a late call to them was logged (once per rollout)
+        self._ended: "collections.OrderedDict[str, bool]" = collections.OrderedDict()
         self._lock = threading.Lock()
         self.unclaimed = 0  # calls that named no rollout
         self.late = 0  # calls for a rollout that had ended
@@ -50,6 +55,9 @@ class EndpointRecord:
                 self.unclaimed += 1
             elif rollout in self._ended:
                 self.late += 1
+                if self._ended[rollout]:
+                    return  # said once for this rollout already
+                self._ended[rollout] = True
             else:
                 self._calls.setdefault(rollout, []).append(call)
                 while len(self._calls) > MAX_ROLLOUTS:
@@ -62,14 +70,28 @@ class EndpointRecord:
                      "patched clients, or sent to its art.rollout_env() URL, are)", call.served_by, when)
         else:
             log.warning("a call to %s at %s arrived for rollout %s after it had ended: it is not on its "
-                        "trajectory (was it made by a task or thread the rollout did not wait for?)",
-                        call.served_by, when, rollout)
+                        "trajectory (was it made by a task or thread the rollout did not wait for?); later "
+                        "ones for this rollout are counted, not logged", call.served_by, when, rollout)
+
+    def refuse_late(self, rollout: str) -> bool:
+        """Whether a call sent to ``rollout``'s own path should be refused: the rollout has
+        ended, so the call would be on no trajectory. The first refused is logged."""
+        with self._lock:
+            if rollout not in self._ended:
+                return False
+            self.late += 1
+            first = not self._ended[rollout]
+            self._ended[rollout] = True
+        if first:
+            log.warning("a call to rollout %s's URL (/r/%s/v1) came after the rollout had ended: refused, as "
+                        "are later ones (counted, not logged)", rollout, rollout)
+        return True
 
     def take(self, rollout: str) -> list[LLMCall]:
         """The calls of ``rollout``, in the order they arrived; the rollout counts as ended."""
         with self._lock:
             calls = self._calls.pop(rollout, [])
-            self._ended[rollout] = None
+            self._ended.setdefault(rollout, False)
             while len(self._ended) > MAX_ENDED:
                 self._ended.popitem(last=False)
         return calls
@@ -114,10 +136,12 @@ def served_call(*, model: str, messages: list[dict[str, Any]], tools: Any, param
 
 class PerRolloutPaths:
     """ASGI middleware: ``/r/<rollout id>/v1/...`` is ``/v1/...`` for that rollout (the base
-    URL ``art.rollout_env()`` gives a child process or an unpatched client)."""
+    URL ``art.rollout_env()`` gives a child process or an unpatched client). With the server's
+    ``record``, a call sent so to a rollout that has ended is refused with 410 (a router in
+    front of replicas passes it on, named by header, and the replica refuses it)."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
-        self.app = app
+    def __init__(self, app: Callable[..., Awaitable[None]], record: Optional[EndpointRecord] = None) -> None:
+        self.app, self.record = app, record
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -128,4 +152,14 @@ class PerRolloutPaths:
                            if k.lower() not in (ROLLOUT_HEADER.encode(), VIA_HEADER.encode())]
                 headers += [(ROLLOUT_HEADER.encode(), rollout.encode()), (VIA_HEADER.encode(), b"url")]
                 scope = {**scope, "path": rest, "raw_path": rest.encode(), "headers": headers}
+            if self.record is not None:
+                found = dict(scope.get("headers") or ())
+                rollout = found.get(ROLLOUT_HEADER.encode(), b"").decode("latin-1")
+                if found.get(VIA_HEADER.encode()) == b"url" and rollout and self.record.refuse_late(rollout):
+                    await error(410, f"rollout {rollout} has ended: a call to its URL now would be on no "
+                                     f"trajectory, so it is refused. Make the call inside the rollout (await it "
+                                     f"before the rollout returns), or call the session's own URL for work that "
+                                     f"is not to be trained", kind="rollout_ended",
+                                path=scope["path"])(scope, receive, send)
+                    return
         await self.app(scope, receive, send)

@@ -18,7 +18,8 @@ from starlette.exceptions import HTTPException
 
 from artsdk.slow_clients import HEADER_TIMEOUT, KEEP_ALIVE, GuardedH11
 
-__all__ = ["BODY_TIMEOUT", "HEADER_TIMEOUT", "KEEP_ALIVE", "GuardedH11", "ServerThread", "error", "guard"]
+__all__ = ["BODY_TIMEOUT", "HEADER_TIMEOUT", "KEEP_ALIVE", "Guard", "GuardedH11", "ServerThread", "api_docs", "error", "guard",
+           "session_key"]
 
 BODY_TIMEOUT = 60.0  # seconds to receive a whole request body
 
@@ -41,17 +42,30 @@ def error(status: int, message: str, param: Optional[str] = None,
                         status_code=status)
 
 
+def session_key(configured: Optional[str] = None) -> str:
+    """The key a session's server checks: the one configured (``api_key``), else a fresh random
+    one (192 bits) made for this server's life. The patched clients, ``art.rollout_env()`` and
+    the session's ``endpoint.api_key`` carry it; nothing else on the machine knows it."""
+    return configured or secrets.token_urlsafe(24)
+
+
+def api_docs(on: bool) -> dict[str, Any]:
+    """FastAPI's arguments for the interactive docs and the OpenAPI schema: off on a session's
+    servers unless asked for (``docs = true`` in ``backend_options``)."""
+    return {} if on else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+
+
 def guard(app: FastAPI, api_key: Optional[str], max_body: int, body_timeout: Optional[float] = None) -> None:
     """With a key, every route but /health needs ``Authorization: Bearer <key>`` (or
     ``x-api-key: <key>``, as Anthropic's clients send it; 401
     otherwise, and nothing happens); a body over ``max_body`` bytes gets 413 -- at once when
     its Content-Length says so, else as soon as that many bytes have arrived -- and a body
     that takes longer than ``body_timeout`` seconds to arrive gets 408."""
-    app.add_middleware(_Guard, api_key=api_key, max_body=max_body,
+    app.add_middleware(Guard, api_key=api_key, max_body=max_body,
                        timeout=body_timeout if body_timeout is not None else BODY_TIMEOUT)
 
 
-class _Guard:
+class Guard:
     """Pure ASGI middleware (no task of its own between the server and the route): the key
     and the declared length are checked before anything is read; ``receive`` is wrapped to
     count the body bytes that actually arrive and to give up on a body that comes too

@@ -46,7 +46,8 @@ async def isolation(rounds: int, home: str) -> dict:
     be = LocalBackend(device="cpu", home=home)
     endpoint = await be.register(art.TrainableModel("iso", base_model="tiny"))
     good_ok = good_total = bad_4xx = bad_5xx = 0
-    async with httpx.AsyncClient(base_url=endpoint.base_url, timeout=60) as c:
+    async with httpx.AsyncClient(base_url=endpoint.base_url, timeout=60,
+                                 headers={"Authorization": f"Bearer {endpoint.api_key}"}) as c:
         for r in range(rounds):
             body = {"model": "iso", "messages": [{"role": "user", "content": f"round {r}"}], "max_tokens": 6}
             good = [c.post("/chat/completions", json={**body, "seed": i}) for i in range(8)]

@@ -64,7 +64,7 @@ def fuzz(schema, base_url: str, timeout: float) -> tuple[list[str], Counter]:
 
 @pytest.fixture(scope="module")
 def local_root(tmp_path_factory):
-    be = LocalBackend(device="cpu", home=str(tmp_path_factory.mktemp("home")), api_key=KEY)
+    be = LocalBackend(device="cpu", home=str(tmp_path_factory.mktemp("home")), api_key=KEY, docs=True)
     endpoint = anyio.run(be.register, art.TrainableModel("m", base_model="tiny"))
     yield endpoint.base_url.removesuffix("/v1")
     anyio.run(be.close)

@@ -30,11 +30,15 @@ async def local(tmp_path, monkeypatch):
     """A local backend with its server, with short time limits so the slow-client tests end soon."""
     monkeypatch.setattr(http_limits, "BODY_TIMEOUT", 1.5)
     monkeypatch.setattr(http_limits.GuardedH11, "header_timeout", 1.5)
-    be = LocalBackend(device="cpu", home=str(tmp_path / "home"))
+    be = LocalBackend(device="cpu", home=str(tmp_path / "home"), docs=True)  # the spec test reads /openapi.json
     model = art.TrainableModel("h", base_model="tiny", project="hard")
     endpoint = await be.register(model)
     yield be, model, endpoint
     await be.close()
+
+
+def key_of(endpoint) -> dict[str, str]:
+    return {"Authorization": f"Bearer {endpoint.api_key}"}
 
 
 def weights(be, name):
@@ -66,14 +70,14 @@ def nan_part(groups):
 async def test_a_poisoned_request_fails_alone(local):
     be, _, endpoint = local
     served = be.models["h"]
-    client = AsyncOpenAI(base_url=endpoint.base_url, api_key="x", max_retries=0)
+    client = AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
     poisons = [{"temperature": float("nan")}, {"top_p": -1}, {"seed": 2**64}, {"max_tokens": 0},
                {"temperature": 7}, {"n": 0}, {"stop": ["x"] * 9}]
     for rnd, poison in enumerate(poisons):
         good = [client.chat.completions.create(model="h", messages=PROMPT, max_tokens=4, seed=i)
                 for i in range(8)]
         body = json.dumps({"model": "h", "messages": PROMPT, "max_tokens": 4, **poison})  # NaN as JSON allows
-        async with httpx.AsyncClient() as raw:
+        async with httpx.AsyncClient(headers=key_of(endpoint)) as raw:
             bad = raw.post(endpoint.base_url + "/chat/completions", content=body,
                            headers={"content-type": "application/json"})
             *answers, refused = await asyncio.gather(*good, bad)
@@ -99,7 +103,7 @@ async def test_a_poisoned_request_fails_alone(local):
 
 async def test_odd_model_names_are_400s_and_the_routes_are_in_the_spec(local):
     _, _, endpoint = local
-    async with httpx.AsyncClient(base_url=endpoint.base_url) as c:
+    async with httpx.AsyncClient(base_url=endpoint.base_url, headers=key_of(endpoint)) as c:
         for name in ("h@²", "h@" + "9" * 5000, "h@-1", "h@1.0", "h@", "", "nope"):
             r = await c.post("/chat/completions", json={"model": name, "messages": PROMPT})
             assert r.status_code == 400 and r.json()["error"]["param"] == "model", (name[:20], r.text[:200])
@@ -119,7 +123,7 @@ async def test_body_limit_counts_chunked_bytes_and_slow_clients_are_cut_off(loca
         for _ in range(17):
             yield b" " * (1024 * 1024)
 
-    async with httpx.AsyncClient(timeout=60) as c:
+    async with httpx.AsyncClient(timeout=60, headers=key_of(endpoint)) as c:
         r = await c.post(endpoint.base_url + "/chat/completions", content=chunks(),
                          headers={"content-type": "application/json"})
     assert r.status_code == 413, r.text
@@ -135,7 +139,8 @@ async def test_body_limit_counts_chunked_bytes_and_slow_clients_are_cut_off(loca
                 return b"<closed>"
 
     t0 = time.monotonic()
-    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer %s\r\n" % endpoint.api_key.encode())
     answer = await asyncio.to_thread(raw, head, 0.2)  # headers a byte every 0.2 s: past the 1.5 s limit
     assert answer in (b"", b"<closed>") and time.monotonic() - t0 < 8
     body = b'{"model": "h", "messages": [{"role": "user", "content": "hi"}]}'
@@ -154,7 +159,7 @@ async def test_body_limit_counts_chunked_bytes_and_slow_clients_are_cut_off(loca
 
     assert b" 408 " in (await asyncio.to_thread(raw_body)).split(b"\r\n")[0]
     # the body deadline ends with the body: an answer may stream for longer
-    client = AsyncOpenAI(base_url=endpoint.base_url, api_key="x", max_retries=0)
+    client = AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
     t0 = time.monotonic()
     stream = await client.chat.completions.create(model="h", messages=PROMPT, max_tokens=2000, stream=True,
                                                   extra_body={"min_tokens": 2000})

@@ -22,7 +22,7 @@ TOOLS = [{"type": "function", "name": "search", "parameters": {"type": "object",
 async def served(tmp_path):
     be = LocalBackend(device="cpu", home=str(tmp_path / "home"))
     endpoint = await be.register(art.TrainableModel("r", base_model="tiny"))
-    client = AsyncOpenAI(base_url=endpoint.base_url, api_key="x", max_retries=0)
+    client = AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
     yield be.models["r"], client
     await client.close()
     await be.close()

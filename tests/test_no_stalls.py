@@ -14,11 +14,13 @@ import artsdk as art
 from backends.local import LocalBackend
 
 pytestmark = pytest.mark.anyio
+KEY = "no-stalls-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture
 async def local(tmp_path):
-    be = LocalBackend(device="cpu", home=str(tmp_path / "home"))
+    be = LocalBackend(device="cpu", home=str(tmp_path / "home"), api_key=KEY)
     endpoint = await be.register(art.TrainableModel("s", base_model="tiny"))
     await be.register(art.TrainableModel("other", base_model="tiny"))
     yield be, endpoint.base_url.removesuffix("/v1")
@@ -31,7 +33,7 @@ async def health_while(url, work):
 
     async def poll():
         nonlocal slowest
-        async with httpx.AsyncClient(timeout=60) as c:
+        async with httpx.AsyncClient(headers=AUTH, timeout=60) as c:
             while not done:
                 t0 = time.monotonic()
                 assert (await c.get(url + "/health")).status_code == 200
@@ -58,7 +60,7 @@ async def test_health_answers_while_a_huge_request_is_handled(local, route):
     path = "/v1/responses" if route == "responses" else "/v1/chat/completions"
 
     async def send():
-        async with httpx.AsyncClient(timeout=300) as c:
+        async with httpx.AsyncClient(headers=AUTH, timeout=300) as c:
             return await c.post(url + path, content=json.dumps(body), headers={"content-type": "application/json"})
 
     slowest, r = await health_while(url, send)
@@ -77,7 +79,7 @@ async def test_a_request_just_under_the_bound_is_rendered_off_the_event_loop(loc
     body = {"model": "s", "messages": [{"role": "user", "content": "x" * per}] * n, "max_tokens": 2}
 
     async def send():
-        async with httpx.AsyncClient(timeout=300) as c:
+        async with httpx.AsyncClient(headers=AUTH, timeout=300) as c:
             return await c.post(url + "/v1/chat/completions", json=body)
 
     slowest, r = await health_while(url, send)
@@ -86,7 +88,7 @@ async def test_a_request_just_under_the_bound_is_rendered_off_the_event_loop(loc
 
 
 async def one_answer_time(url):
-    async with httpx.AsyncClient(timeout=120) as c:
+    async with httpx.AsyncClient(headers=AUTH, timeout=120) as c:
         t0 = time.monotonic()
         r = await c.post(url + "/v1/chat/completions",
                          json={"model": "s", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
@@ -105,7 +107,7 @@ async def test_abandoned_requests_stop_generating(local, streamed):
             "min_tokens": 1500, "stream": streamed}
 
     async def abandon():
-        async with httpx.AsyncClient(timeout=120) as c:
+        async with httpx.AsyncClient(headers=AUTH, timeout=120) as c:
             if streamed:  # read a few chunks, then hang up
                 async with c.stream("POST", url + "/v1/chat/completions", json=body) as r:
                     seen = 0
@@ -137,7 +139,7 @@ async def test_text_that_is_not_unicode_is_a_400_naming_where(local):
         ("/v1/responses", {"model": "s", "input": [{"role": "user", "content": "ok"}, {"role": "user", "content": "\ud83d"}]},
          "input[1].content"),
     ]
-    async with httpx.AsyncClient(timeout=60) as c:
+    async with httpx.AsyncClient(headers=AUTH, timeout=60) as c:
         for path, body, culprit in cases:
             # json.dumps writes the lone surrogate as the escape \\ud800, as a client would send it
             r = await c.post(url + path, content=json.dumps(body), headers={"content-type": "application/json"})
@@ -147,7 +149,7 @@ async def test_text_that_is_not_unicode_is_a_400_naming_where(local):
 
 async def test_previous_response_id_continues_only_the_same_model(local):
     be, url = local
-    async with httpx.AsyncClient(timeout=60) as c:
+    async with httpx.AsyncClient(headers=AUTH, timeout=60) as c:
         first = (await c.post(url + "/v1/responses", json={"model": "s", "input": "hello", "max_output_tokens": 3})).json()
         ok = await c.post(url + "/v1/responses", json={"model": "s@0", "input": "more", "max_output_tokens": 3,
                                                        "previous_response_id": first["id"]})

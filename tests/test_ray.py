@@ -127,6 +127,24 @@ async def test_two_replicas_and_two_ranks_run_the_loop(ray_instance, tmp_path, a
             (g,) = await art.gather(by_url, [art.Args()], group_size=1)
             (t,) = g.trajectories
             assert [c.choices[0].token_ids for c in t.calls] == [t.outcome] and t.calls[0].provider == "endpoint"
+            # the router takes only the session's key (a fresh random one), on every route but /health
+            import httpx
+
+            root, key = run.endpoint.base_url.removesuffix("/v1"), run.endpoint.api_key
+            assert key != "artsdk" and len(key) >= 22
+            chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+            async with httpx.AsyncClient(timeout=120) as h:
+                assert (await h.get(f"{root}/health")).status_code == 200
+                for path in ("/v1/chat/completions", "/v1/messages", f"/r/{t.id}/v1/chat/completions"):
+                    for wrong in ({}, {"Authorization": "Bearer wrong"}, {"x-api-key": "artsdk"}):
+                        assert (await h.post(root + path, json=chat, headers=wrong)).status_code == 401, path
+                for path in ("/v1/models", "/docs", "/openapi.json"):
+                    assert (await h.get(root + path)).status_code == 401, path
+                assert (await h.get(f"{root}/openapi.json", headers={"x-api-key": key})).status_code == 404
+                # a call to the ended rollout's URL: the router passes it on, the replica refuses it
+                late = await h.post(f"{root}/r/{t.id}/v1/chat/completions", json=chat,
+                                    headers={"Authorization": f"Bearer {key}"})
+                assert late.status_code == 410 and "has ended" in late.text, late.text
     finally:
         await be.close()
         await client.close()

@@ -101,7 +101,7 @@ async def test_request_arriving_during_a_step_keeps_its_adapter(tmp_path, monkey
         monkeypatch.setattr(served.engine, "_generate_isolated", lambda reqs, step: (go.wait(30), generate(reqs, step)))
     else:
         go.set()
-    client = AsyncOpenAI(base_url=endpoint.base_url, api_key="x", max_retries=0)
+    client = AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
     training = asyncio.create_task(be.train(model, groups))
     await asyncio.to_thread(started.wait, 30)
     asking = [asyncio.create_task(client.chat.completions.create(model="busy", messages=PROMPT, max_tokens=4))

@@ -11,6 +11,8 @@ cache = "~/.cache/artsdk" # converted base models (also ARTSDK_CACHE)
 keep_checkpoints = 3     # newest N checkpoints kept (plus the best by best_metric, if set)
 engine = "builtin"       # or "vllm": vLLM in a process of its own (pip install artsdk[vllm])
 prefix_cache_mb = 512    # the built-in engine's cache of earlier turns' keys and values (0: off)
+api_key = "..."          # the key its server checks (default: a fresh random one, in endpoint.api_key)
+docs = false             # true: the server also serves /docs and /openapi.json
 ```
 
 Model settings go in ``TrainableModel.config``: ``{"lora": {"rank": 8, "alpha": 16,
@@ -31,6 +33,7 @@ from artsdk.backend import Endpoint, TrainableModel, TrainResult, nothing_to_tra
 from artsdk.errors import ArtError, BackendError
 from artsdk.trajectory import Group, Trajectory
 
+from ..http import ServerThread, session_key
 from .checkpoints import move_aside
 from .served import ServedModel
 from .trainer import TrainConfig
@@ -47,7 +50,7 @@ class LocalBackend:
                  best_metric: Optional[str] = None, threads: Optional[int] = None,
                  cache: Optional[str] = None, http: bool = True, merge_adapters: bool = True,
                  engine: str = "builtin", vllm: Optional[dict[str, Any]] = None, prefix_cache_mb: int = 512,
-                 serve_only: bool = False, **train_defaults: Any) -> None:
+                 serve_only: bool = False, docs: bool = False, **train_defaults: Any) -> None:
         from artsdk.config import settings
 
         from . import models
@@ -57,7 +60,10 @@ class LocalBackend:
         self.home = Path(home or settings().home)
         # converted / built base models, shared by every project of this user
         self.cache = Path(cache or os.environ.get("ARTSDK_CACHE") or Path.home() / ".cache" / "artsdk")
-        self.host, self.port, self.api_key = host, port, api_key
+        # a server of its own checks a key, a fresh random one unless one is given; mounted in
+        # another's server (http=False: artsdk serve), that server checks its own
+        self.host, self.port, self.docs = host, port, docs
+        self.api_key = session_key(api_key) if http else api_key
         self.max_batch, self.keep_checkpoints, self.best_metric = max_batch, keep_checkpoints, best_metric
         try:
             self.train_defaults = TrainConfig.build(TrainConfig(), train_defaults)
@@ -119,7 +125,7 @@ class LocalBackend:
         from .server import build_app
 
         if self._app is None:
-            self._app = build_app(lambda: self.models, self.api_key, self.calls)
+            self._app = build_app(lambda: self.models, self.api_key, self.calls, docs=self.docs)
         return self._app
 
     def _load(self, model: TrainableModel, resume_step: Optional[int] = None) -> ServedModel:
@@ -157,13 +163,8 @@ class LocalBackend:
                       max_batch=self.max_batch, merger=merger, prefix_cache=cache)
 
     def _ensure_server(self) -> str:
-        from ..http import ServerThread
-
         with self._lock:
             if self._server is None:
-                if self.host not in ("127.0.0.1", "localhost", "::1") and not self.api_key:
-                    log.warning("serving on %s without an API key: anyone who can reach it can use it",
-                                self.host)
                 self._server = ServerThread(self.app(), self.host, self.port)
             return self._server.base_url
 

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from ..endpoint_record import EndpointRecord, PerRolloutPaths
-from ..http import error, guard
+from ..http import api_docs, error, guard
 from .engine import EngineRefused
 from .generate import MAX_BODY, BadRequest, ClientGone
 from .served import ServedModel
@@ -25,14 +25,15 @@ from .server_responses import add_responses_routes
 
 
 def build_app(models: Callable[[], dict[str, ServedModel]], api_key: Optional[str] = None,
-              record: Optional[EndpointRecord] = None) -> FastAPI:
+              record: Optional[EndpointRecord] = None, docs: bool = False) -> FastAPI:
     """The app serving every model ``models()`` holds; each answered call is kept in
-    ``record`` by the rollout that made it (endpoint_record.py)."""
-    app = FastAPI(title="artsdk local backend", version="1")
+    ``record`` by the rollout that made it (endpoint_record.py). With ``api_key`` every route
+    but /health needs it; ``docs`` serves /docs and /openapi.json."""
+    app = FastAPI(title="artsdk local backend", version="1", **api_docs(docs))
     record = record if record is not None else EndpointRecord()
 
-    guard(app, api_key, MAX_BODY)
-    app.add_middleware(PerRolloutPaths)
+    app.add_middleware(PerRolloutPaths, record=record)
+    guard(app, api_key, MAX_BODY)  # added last, so it runs first: no key, nothing else happens
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

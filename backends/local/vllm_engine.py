@@ -139,6 +139,8 @@ class VLLMEngine:
                 "--tensor-parallel-size", str(options.tensor_parallel_size),
                 "--data-parallel-size", str(options.data_parallel_size),
                 "--disable-uvicorn-access-log",
+                # its key on every route, not only under /v1, and no interactive docs
+                "--middleware", "backends.local.vllm_guard.KeyOnEveryRoute", "--disable-fastapi-docs",
                 "--enable-prefix-caching" if options.prefix_caching else "--no-enable-prefix-caching"]
         if on_gpu:
             # sharing, the trainer's weights and optimizer state stay on the GPU beside vLLM's

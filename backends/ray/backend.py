@@ -48,6 +48,7 @@ from artsdk.backend import Endpoint, TrainableModel, TrainResult, nothing_to_tra
 from artsdk.errors import ArtError, BackendError
 from artsdk.trajectory import Group, Trajectory
 
+from ..http import ServerThread, session_key
 from ..shared_storage import SharedCheckpoints
 from .replica import ADAPTER_FILES
 from .router import Pool, Replica, build_app
@@ -69,7 +70,7 @@ class RayBackend:
                  vllm: Optional[dict[str, Any]] = None, max_batch: int = 64, replica_restarts: int = -1,
                  wait_s: float = 120.0, health_interval_s: float = 1.0, setup_timeout_s: float = 1800.0,
                  shard: str = "none", checkpoints_url: Optional[str] = None, colocate: bool = False,
-                 **train_defaults: Any) -> None:
+                 docs: bool = False, **train_defaults: Any) -> None:
         from artsdk.config import settings
 
         for name, value in (("replicas", replicas), ("trainers", trainers)):
@@ -98,7 +99,8 @@ class RayBackend:
         self.placement, self.colocate = placement, colocate
         self.home = Path(home or settings().home)
         self.cache = cache or os.environ.get("ARTSDK_CACHE")
-        self.host, self.port, self.api_key = host, port, api_key
+        self.host, self.port, self.docs = host, port, docs
+        self.api_key = session_key(api_key)  # the router's: a fresh random one unless one is given
         self.keep_checkpoints, self.best_metric = keep_checkpoints, best_metric
         self.replica_options: dict[str, Any] = {"device": device, "dtype": dtype, "engine": engine, "vllm": vllm,
                                                 "max_batch": max_batch, "cache": self.cache,
@@ -149,7 +151,7 @@ class RayBackend:
                 await d.stop()
                 raise
             self.deployments[model.name] = d
-        return Endpoint(base_url=self._ensure_server(), api_key=self.api_key or "artsdk", model=model.name,
+        return Endpoint(base_url=self._ensure_server(), api_key=self.api_key, model=model.name,
                         moved_aside=str(moved) if moved else None)
 
     async def train(self, model: TrainableModel, groups: Sequence[Group], **config: Any) -> TrainResult:
@@ -251,13 +253,10 @@ class RayBackend:
         return {name: d.pool for name, d in self.deployments.items()}
 
     def _ensure_server(self) -> str:
-        from ..http import ServerThread
-
         with self._lock:
             if self._server is None:
-                if self.host not in ("127.0.0.1", "localhost", "::1") and not self.api_key:
-                    log.warning("serving on %s without an API key: anyone who can reach it can use it", self.host)
-                self._server = ServerThread(build_app(self._pools, self.api_key, self.wait_s), self.host, self.port)
+                self._server = ServerThread(build_app(self._pools, self.api_key, self.wait_s, docs=self.docs),
+                                            self.host, self.port)
             return self._server.base_url
 
 

@@ -34,7 +34,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from ..endpoint_record import CALL_HEADER, ROLLOUT_HEADER, VIA_HEADER, PerRolloutPaths
-from ..http import error, guard
+from ..http import api_docs, error, guard
 
 MAX_BODY = 32 * 1024 * 1024
 SLACK = 8  # requests in flight a replica may have beyond the least busy one before its keys move
@@ -135,10 +135,12 @@ def routing_key(body: dict[str, Any], header: Optional[str]) -> str:
     return json.dumps(start, sort_keys=True, default=str)[:4000]
 
 
-def build_app(pools: Callable[[], dict[str, Pool]], api_key: Optional[str], wait_s: float = 120.0) -> FastAPI:
-    app = FastAPI(title="artsdk ray backend", version="1")
-    guard(app, api_key, MAX_BODY)
+def build_app(pools: Callable[[], dict[str, Pool]], api_key: Optional[str], wait_s: float = 120.0,
+              docs: bool = False) -> FastAPI:
+    app = FastAPI(title="artsdk ray backend", version="1", **api_docs(docs))
+    # the replicas' own apps keep the record and refuse a call to an ended rollout's path
     app.add_middleware(PerRolloutPaths)
+    guard(app, api_key, MAX_BODY)  # added last, so it runs first
     clients: dict[int, Any] = {}
 
     def client() -> Any:
