@@ -6,7 +6,7 @@ import pytest
 from openai import AsyncOpenAI
 
 import artsdk as art
-from artsdk import progress
+from artsdk.run import progress
 from backends.local import LocalBackend
 from tests.test_trust_region import batch
 

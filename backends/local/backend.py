@@ -11,6 +11,7 @@ cache = "~/.cache/artsdk" # converted base models (also ARTSDK_CACHE)
 keep_checkpoints = 3     # newest N checkpoints kept (plus the best by best_metric, if set)
 engine = "builtin"       # or "vllm": vLLM in a process of its own (pip install artsdk[vllm])
 prefix_cache_mb = 512    # the built-in engine's cache of earlier turns' keys and values (0: off)
+malloc_arenas = 2        # glibc's malloc arenas for the process (0: glibc's default; heap.py)
 api_key = "..."          # the key its server checks (default: a fresh random one, in endpoint.api_key)
 docs = false             # true: the server also serves /docs and /openapi.json
 ```
@@ -35,6 +36,7 @@ from artsdk.trajectory import Group, Trajectory
 
 from ..http import ServerThread, session_key
 from .checkpoints import move_aside
+from .heap import limit_arenas
 from .served import ServedModel
 from .trainer import TrainConfig
 
@@ -50,11 +52,16 @@ class LocalBackend:
                  best_metric: Optional[str] = None, threads: Optional[int] = None,
                  cache: Optional[str] = None, http: bool = True, merge_adapters: bool = True,
                  engine: str = "builtin", vllm: Optional[dict[str, Any]] = None, prefix_cache_mb: int = 512,
-                 serve_only: bool = False, docs: bool = False, **train_defaults: Any) -> None:
+                 serve_only: bool = False, docs: bool = False, malloc_arenas: int = 2,
+                 **train_defaults: Any) -> None:
         from artsdk.config import settings
 
         from . import models
 
+        if isinstance(malloc_arenas, bool) or not isinstance(malloc_arenas, int) or malloc_arenas < 0:
+            raise BackendError(f"local backend: malloc_arenas={malloc_arenas!r} must be a whole number >= 0 (0: "
+                               f"glibc's own limit)")
+        limit_arenas(malloc_arenas)  # before this backend's threads allocate: memory one frees, another reuses
         self.device = models.pick_device(device)
         self.dtype = models.pick_dtype(self.device, dtype)
         self.home = Path(home or settings().home)

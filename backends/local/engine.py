@@ -233,10 +233,16 @@ class Engine:
     @contextmanager
     def training(self) -> Iterator[None]:
         """Generation waits while the weights change; the base weights are restored (the
-        trainer and its KL reference need them)."""
+        trainer and its KL reference need them). What only serving uses is let go for the
+        step, so training's activations take its place instead of adding to it: the merged
+        copy of the adapted layers (the next merge makes it anew) and the prefix cache (its
+        keys were computed by the weights the step replaces; a batch lent to ``run.loop``
+        during the step computes its prompts whole)."""
         with self.lock:
             if self.merger is not None:
-                self.merger.restore()
+                self.merger.release()
+            if self.prefix_cache is not None:
+                self.prefix_cache.clear()
             yield
 
     # -- the loop ---------------------------------------------------------------------

@@ -51,3 +51,9 @@ class Merger:
         for m, w0 in zip(self.layers, self.pristine):
             m.base_layer.weight.data = w0
         self.merged = None
+
+    def release(self) -> None:
+        """The original base weights back, and the merged copy let go (a training step does not
+        need it, and the next merge makes it anew: about the size of the adapted layers)."""
+        self.restore()
+        self.buffers = None

@@ -23,8 +23,9 @@ from artsdk.trajectory import Trajectory
 
 from .attention import packed_attention
 from .batch import Segment, Tokenizing, minibatches, pack, segments, weigh
+from .heap import give_back
 from .shard import ALONE, Shard
-from .trainer import Row, StepInterrupted, _check, _counting, _release_memory, _Snapshot, my_rows, norm_value
+from .trainer import Row, StepInterrupted, _check, _counting, _Snapshot, my_rows, norm_value
 
 
 @dataclass
@@ -149,7 +150,7 @@ def sft_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequenc
             base.gradient_checkpointing_disable()
         optimizer.zero_grad(set_to_none=True)
         model.eval()
-        _release_memory()
+        give_back()
     per_epoch = max(len(batches), 1)
     return {"loss": sum(losses[-per_epoch:]) / per_epoch,  # the last pass's mean NLL per token
             "loss_first_epoch": sum(losses[:per_epoch]) / per_epoch, "grad_norm": sum(norms) / max(len(norms), 1),

@@ -45,6 +45,7 @@ from artsdk.trajectory import Group
 
 from .attention import packed_attention
 from .batch import Segment, Tokenizing, advantages, minibatches, pack, segments, weigh
+from .heap import give_back
 from .shard import ALONE, Shard
 
 log = logging.getLogger("artsdk.local")
@@ -377,7 +378,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Gr
             base.gradient_checkpointing_disable()
         optimizer.zero_grad(set_to_none=True)
         model.eval()
-        _release_memory()
+        give_back()
     once = ("is_weight", "is_truncated", "gap", "gap_n")  # added up by each rank over its own rows
     sums.update(zip(once, shard.sum([sums[k] for k in once])))
     sums["gap_max"] = shard.max([sums["gap_max"]])[0]
@@ -534,17 +535,6 @@ def _traj_stats(rows: Sequence[Row], which: set[int], value: Callable[[Row], tor
     keys = sorted(sums)
     total = shard.sum([x for u in keys for x in sums[u]])
     return {u: (total[2 * i], total[2 * i + 1]) for i, u in enumerate(keys) if total[2 * i + 1]}
-
-
-def _release_memory() -> None:
-    """Give the step's freed activations back to the system: glibc keeps freed memory in
-    its arenas, and a process that trained once would hold its peak for good."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
 
 
 def _per_traj(index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
