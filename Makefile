@@ -55,7 +55,7 @@ setup-vllm: setup
 	$(PIP) uninstall -y torchvision torchaudio torchcodec
 
 # the review labeller on the embedded SmolLM2-135M: 10 GRPO steps on the CPU, held-out accuracy
-# before and after (about 3.5 minutes on 2 cores; pass ARGS=--resume to continue an earlier run)
+# before and after (about 4.5 minutes on 2 cores; pass ARGS=--resume to continue an earlier run)
 demo: setup-demo
 	$(PY) -m examples.reviews.train $(ARGS)
 
