@@ -201,32 +201,6 @@ def test_a_post_that_is_no_llm_call_is_not_reported(server):
     assert not [w for w in agent.collect_sync().warnings if w.startswith(ESCAPED)]
 
 
-# -- a rollout called inside another -----------------------------------------------------------
-
-async def test_a_sub_agent_s_calls_are_on_its_trajectory_and_the_outer_one(async_client, art_store):
-    @art.rollout
-    async def researcher(q: str) -> str:
-        r = await async_client.chat.completions.create(model="m", messages=[{"role": "user", "content": q}])
-        return r.choices[0].message.content
-
-    @art.rollout
-    async def lead() -> str:
-        await async_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "plan"}])
-        found = await researcher("dig")  # called plainly: a rollout of its own, inside this one
-        await async_client.chat.completions.create(model="m", messages=[{"role": "user", "content": found}])
-        return found
-
-    art.configure(record_calls=True)
-    try:
-        outer = await lead.collect()
-    finally:
-        art.configure(record_calls=None)
-    assert [c.messages[0]["content"] for c in outer.calls] == ["plan", "dig", outer.outcome]  # "dig" was missing
-    assert not outer.warnings
-    (inner,) = art_store.trajectories(rollout=researcher.name)
-    assert [c.messages[0]["content"] for c in inner.calls] == ["dig"]
-
-
 # -- below the HTTP libraries: any other HTTP/1.1 client is seen at the socket ---------------
 
 def post_below(how, base_url):

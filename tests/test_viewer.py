@@ -442,6 +442,36 @@ def test_the_trajectory_page_says_what_each_record_held(tmp_path, browser):
         thread.join(10)
 
 
+def test_a_trajectory_page_links_the_rollouts_run_inside_it(tmp_path, browser):
+    """A sub-agent's calls are on its own trajectory: the outer page names it, and its page
+    names the outer one (artsdk/rollout/decorator.py)."""
+    from selenium.webdriver.common.by import By
+
+    ask = [{"role": "user", "content": "hi"}]
+    call = art.LLMCall(index=0, provider="openai", model="m", messages=ask,
+                       choices=[art.Choice(message={"role": "assistant", "content": "found it"})])
+    outer = art.Trajectory(rollout="lead", project="p", model="m", step=1, reward=1.0)
+    inner = art.Trajectory(rollout="researcher", project="p", model="m", step=1, calls=[call],
+                           metadata={"parent": outer.id})
+    outer.metadata["children"] = [inner.id]
+    with art.Store(tmp_path / "s.db") as store:
+        store.save([outer, inner])
+    server, thread, url = serve_viewer(tmp_path / "s.db")
+    try:
+        browser.get(f"{url}/#/trajectory?id={outer.id}")
+        wait_for(browser, ".related .children a")
+        child = browser.find_element(By.CSS_SELECTOR, ".related .children a")
+        assert child.text == inner.id[:10]
+        child.click()
+        wait_for(browser, ".related .parent a")
+        assert browser.find_element(By.CSS_SELECTOR, ".related .parent a").text == outer.id[:10]
+        assert "found it" in browser.find_element(By.CSS_SELECTOR, ".chat").text
+        browser.save_screenshot(str(ARTIFACTS / "sub_rollouts.png"))
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
 def two_runs_store(path):
     """One model, two runs of it: steps 1-2 each, their rewards apart (0.1.. and 0.9..)."""
     with art.Store(path) as store:

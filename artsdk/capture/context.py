@@ -28,7 +28,8 @@ class Recorder:
     in (each takes its slot when it starts), also when concurrent calls or streams finish
     out of order. A call made after the rollout ended is not added, and is logged."""
 
-    __slots__ = ("calls", "notes", "refused", "seed", "rollout_id", "closed", "pid", "copies", "_pending", "_lock")
+    __slots__ = ("calls", "notes", "refused", "seed", "rollout_id", "closed", "pid", "copies", "children", "kept",
+                 "_pending", "_lock")
 
     def __init__(self, seed: Optional[int] = None, rollout_id: Optional[str] = None) -> None:
         self.calls: list[Optional[LLMCall]] = []
@@ -39,6 +40,8 @@ class Recorder:
         self.closed = False
         self.pid = os.getpid()  # a forked child inherits the context, not the rollout: it records nothing
         self.copies: dict[str, Any] = {}  # the last call's messages and their copies (record.copied)
+        self.children: list[str] = []  # the rollouts run inside this one: their calls are on their trajectories
+        self.kept = True  # whether this rollout's trajectory will be stored (a plain call's may not be)
         self._pending: dict[int, Callable[[], None]] = {}
         self._lock = threading.Lock()
 

@@ -17,6 +17,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import os
 from contextlib import contextmanager, nullcontext
 from time import perf_counter
 from typing import Any, Awaitable, Callable, Generic, Iterator, Optional, Sequence, TypeVar, Union, overload
@@ -63,6 +64,12 @@ def _context_fields() -> dict[str, Any]:
     return {"project": settings().project}
 
 
+def _inside_kept_rollout() -> bool:
+    """Whether the rollout running here (if any) will store its trajectory."""
+    outer = current_recorder.get()
+    return outer is not None and outer.kept and outer.pid == os.getpid()
+
+
 class Rollout(Generic[R]):
     """A decorated agent function. Calling it behaves exactly like the function; ``collect``
     and ``art.gather`` run it and return trajectories."""
@@ -86,24 +93,45 @@ class Rollout(Generic[R]):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.is_async:
             return self._call_async(args, kwargs)
-        with self._recording(args, kwargs, plain=True) as traj:
-            traj.outcome = self.fn(*args, **kwargs)
+        traj: Optional[Trajectory] = None
+        in_kept = _inside_kept_rollout()
+        try:
+            with self._recording(args, kwargs, plain=True) as traj:
+                traj.outcome = self.fn(*args, **kwargs)
+        finally:
+            if traj is not None:
+                self._record_plain(traj, in_kept)
         return traj.outcome
 
     async def _call_async(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        with self._recording(args, kwargs, plain=True) as traj:
-            traj.outcome = await self.fn(*args, **kwargs)
+        traj: Optional[Trajectory] = None
+        in_kept = _inside_kept_rollout()
+        try:
+            with self._recording(args, kwargs, plain=True) as traj:
+                traj.outcome = await self.fn(*args, **kwargs)
+        finally:
+            if traj is not None:
+                with anyio.CancelScope(shield=True):  # its calls the endpoint saw are its own, not the outer's
+                    await with_endpoint_record(traj)
+                self._record_plain(traj, in_kept)
         return traj.outcome
 
-    def _record_plain(self, traj: Trajectory) -> None:
+    def _record_plain(self, traj: Trajectory, inside_kept: bool) -> None:
         # plain calls are stored only when asked to (or inside a session): a decorated
-        # function called from a unit test should not write files
-        from ..config import settings
-
-        if settings().record_calls or current_session() is not None:
+        # function called from a unit test should not write files -- unless it ran inside a
+        # rollout whose trajectory is kept and names it (its calls are on this one alone)
+        if inside_kept or self._keeps(plain=True):
             from ..store import default_store
 
             default_store().submit(traj)
+
+    @staticmethod
+    def _keeps(plain: bool) -> bool:
+        """Whether a rollout's trajectory is stored: always when collected or gathered; a plain
+        call's when recording is on or a session is open."""
+        from ..config import settings
+
+        return not plain or bool(settings().record_calls) or current_session() is not None
 
     # -- trajectories -----------------------------------------------------------------
 
@@ -123,8 +151,14 @@ class Rollout(Generic[R]):
         traj = self._new(args, kwargs)
         for k, v in fields.items():
             setattr(traj, k, v)
-        outer = current_recorder.get()  # a rollout called inside another one: its calls are the outer's too
+        outer = current_recorder.get()  # a rollout called inside another one: the outer refers to it
+        if outer is not None and outer.pid != os.getpid():
+            outer = None  # a forked child's copy of the context: no rollout of this process
         rec = Recorder(seed, traj.id)
+        rec.kept = self._keeps(plain)
+        if outer is not None:
+            traj.metadata["parent"] = outer.rollout_id
+            outer.children.append(traj.id)
         t0 = perf_counter()
         token = current_recorder.set(rec)
         try:
@@ -140,13 +174,6 @@ class Rollout(Generic[R]):
         finally:
             current_recorder.reset(token)
             self._finish(traj, rec, perf_counter() - t0)
-            if outer is not None and outer.pid == rec.pid:
-                for call in traj.calls:  # in the order made, after the outer's earlier ones
-                    copy = call.model_copy(deep=True)
-                    copy.nested_in = traj.id  # type: ignore[attr-defined] - the endpoint files it under that rollout
-                    outer.add(copy)
-            if plain:
-                self._record_plain(traj)
 
     def _finish(self, traj: Trajectory, rec: Recorder, duration: float) -> None:
         traj.calls = rec.close()
@@ -156,7 +183,9 @@ class Rollout(Generic[R]):
         if traj.step is None:
             steps = [c.step for c in traj.calls if c.step is not None]
             traj.step = steps[-1] if steps else None
-        if not traj.calls and traj.error is None:
+        if rec.children:  # each call is on one trajectory: the innermost rollout's, which this one names
+            traj.metadata["children"] = list(rec.children)
+        if not traj.calls and not rec.children and traj.error is None:
             traj.warnings.append(NO_CALLS)
         if rec.refused is not None and traj.error is not None and traj.error.type != CaptureError.__name__:
             # a library below the agent turned the refusal into an error of its own (asyncio's

@@ -40,9 +40,8 @@ def reconcile(traj: Trajectory, served: list[LLMCall], strict: bool) -> None:
     """Make ``traj.calls`` hold every call the endpoint answered for it (``served``, in the
     order they arrived), and say in its metadata what each record held."""
     names = served_names()
-    policy = [c for c in traj.calls if (c.served_by or "").partition("@")[0] in names and not c.error
-              and getattr(c, "nested_in", None) is None]  # a nested rollout's calls are filed under its own id
-    by_number = {c.index: c for c in traj.calls if getattr(c, "nested_in", None) is None}
+    policy = [c for c in traj.calls if (c.served_by or "").partition("@")[0] in names and not c.error]
+    by_number = {c.index: c for c in traj.calls}
     matched, added, lost = 0, [], []
     for call in served:
         number = getattr(call, "call", None)
@@ -50,6 +49,12 @@ def reconcile(traj: Trajectory, served: list[LLMCall], strict: bool) -> None:
         if mine is not None and (mine.served_by or "").partition("@")[0] == (call.served_by or "").partition("@")[0]:
             matched += 1
             _fill_tokens(mine, call)
+            continue
+        if mine is not None and mine.error and mine.served_by is None and not mine.choices:
+            # the client raised after the answer came (a parse, length or validation error, a
+            # cancellation): one call, the endpoint's answer in the client's record of it
+            matched += 1
+            _take_answer(mine, call)
             continue
         if number is not None:  # the patch numbered it, yet the client has no such call: lost on the client
             lost.append(number)
@@ -74,6 +79,15 @@ def reconcile(traj: Trajectory, served: list[LLMCall], strict: bool) -> None:
         traj.warnings.append(text)
         if strict and traj.error is None:
             traj.error = ErrorInfo(type=CaptureError.__name__, message=text + " (strict_capture)")
+
+
+def _take_answer(mine: LLMCall, theirs: LLMCall) -> None:
+    """The client's record of a call it raised on, with what the endpoint answered: the model
+    and step that served it, the prompt's and answers' tokens. Its ``error`` stays: the agent
+    got the exception, not the answer, so the call is shown but not trained."""
+    mine.served_by, mine.step, mine.usage = theirs.served_by, theirs.step, theirs.usage
+    mine.prompt_token_ids = theirs.prompt_token_ids
+    mine.choices = [c.model_copy(deep=True) for c in theirs.choices]
 
 
 def _fill_tokens(mine: LLMCall, theirs: LLMCall) -> None:

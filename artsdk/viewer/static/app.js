@@ -325,11 +325,24 @@ async function trajectory(p) {
       t.error ? el("div", { class: "flag error" }, `${t.error.type}: ${t.error.message}`) : null,
       el("div", { class: "muted" }, "scenario ", el("code", {}, JSON.stringify(t.scenario)), " · outcome ", el("code", {}, JSON.stringify(t.outcome))),
       recorded(t.metadata && t.metadata.calls_recorded),
+      related(t.metadata || {}),
       t.warnings.length ? el("div", { class: "muted" }, t.warnings.join(" · ")) : null),
     chat(t));
 }
 
-// what the client's record and the endpoint's held, and how they matched (artsdk/reconcile.py)
+// a rollout run inside another: its calls are on its own trajectory, which the outer one names
+function related(m) {
+  const to = id => link("trajectory", { id }, id.slice(0, 10));
+  const children = Array.isArray(m.children) ? m.children : [];
+  if (!m.parent && !children.length) return null;
+  return el("div", { class: "muted related" },
+    m.parent ? el("span", { class: "parent" }, "run inside ", to(m.parent)) : null,
+    m.parent && children.length ? " · " : null,
+    children.length ? el("span", { class: "children" }, "rollouts run inside it (their calls are on them): ",
+      ...children.flatMap((id, i) => i ? [", ", to(id)] : [to(id)])) : null);
+}
+
+// what the client's record and the endpoint's held, and how they matched (artsdk/rollout/reconcile.py)
 function recorded(c) {
   if (!c || typeof c !== "object") return null;
   return el("div", { class: "muted recorded" }, `calls recorded: by the client ${c.client} · by the endpoint ${c.endpoint}`,
