@@ -396,3 +396,83 @@ async def test_a_strict_refusal_reaches_the_agent_as_capture_error(server, mode)
         art.configure(strict_capture=None)
     assert t.error is None and t.outcome == "refused"  # APIConnectionError on openai 2.x before
     assert len(sent) == 1 and len(server.requests) == before  # tried once: no retries of a refusal
+
+
+# -- HTTP/2 and websockets ---------------------------------------------------------------------
+
+def test_an_http2_request_is_reported_before_its_frames_are_sent(server):
+    """httpx speaking HTTP/2 with prior knowledge: its frames are binary (no socket can read
+    them), but httpx's sentinel judges the request before its transport sends it. The listener
+    only takes the connection's first bytes: the HTTP/2 preface, proof of what went out."""
+    import socket
+    import threading
+
+    import httpx
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port, first = listener.getsockname()[1], []
+
+    def take() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            first.append(conn.recv(24))
+
+    taker = threading.Thread(target=take, daemon=True)
+    taker.start()
+
+    @art.rollout
+    def agent() -> str:
+        with httpx.Client(http1=False, http2=True, timeout=5) as c:
+            try:
+                c.post(f"http://127.0.0.1:{port}/v1/chat/completions", content=body())
+            except httpx.HTTPError as e:  # the listener speaks no HTTP/2 back
+                return type(e).__name__
+        return "answered"
+
+    t = agent.collect_sync()
+    taker.join(10)
+    listener.close()
+    assert first and first[0].startswith(b"PRI * HTTP/2.0")  # HTTP/2 on the wire
+    (warning,) = [w for w in t.warnings if w.startswith(ESCAPED)]
+    assert f"POST http://127.0.0.1:{port}/v1/chat/completions" in warning and "httpx" in warning
+
+
+def test_a_realtime_api_session_is_reported_as_escaping():
+    """The Realtime API speaks over a websocket, whose messages artsdk does not record: opening
+    one inside a rollout is reported (refused under strict capture), not silently unrecorded.
+    (Its own event loop: a refusal inside asyncio's transport reaches the loop's exception
+    handler as well as the rollout, as it would in a program.)"""
+    import websockets
+    from openai import AsyncOpenAI
+
+    opened = []
+
+    async def handler(ws) -> None:
+        opened.append(ws.request.path)
+        await ws.send('{"type": "session.created", "event_id": "e1", "session": {}}')
+        await ws.wait_closed()
+
+    async def both() -> tuple:
+        async with websockets.serve(handler, "127.0.0.1", 0) as ws_server:
+            port = ws_server.sockets[0].getsockname()[1]
+            client = AsyncOpenAI(api_key="k", websocket_base_url=f"ws://127.0.0.1:{port}/v1")
+
+            @art.rollout
+            async def voice() -> str:
+                async with client.realtime.connect(model="gpt-realtime", max_retries=0) as conn:
+                    event = await conn.recv()
+                return event.type
+
+            reported = await voice.collect()
+            art.configure(strict_capture=True)
+            try:
+                refused = await voice.collect()
+            finally:
+                art.configure(strict_capture=None)
+            return port, reported, refused
+
+    port, t, refused = asyncio.run(both())
+    assert t.error is None and t.outcome == "session.created" and opened[0] == "/v1/realtime?model=gpt-realtime"
+    (warning,) = [w for w in t.warnings if w.startswith(ESCAPED)]
+    assert f"GET ws://127.0.0.1:{port}/v1/realtime" in warning and "websocket" in warning
+    assert refused.error is not None and refused.error.type == "CaptureError" and len(opened) == 1  # never opened

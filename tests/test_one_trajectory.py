@@ -171,3 +171,56 @@ async def test_a_nested_rollout_in_a_session_reconciles_its_own_calls(opened, ar
         assert t.metadata["calls_recorded"] == {"client": n, "endpoint": n, "matched": n, "endpoint_only": 0,
                                                 "client_only": 0}, t.id
         assert all(c.choices[0].token_ids for c in t.calls)
+
+
+async def test_calls_to_other_models_pass_through_untouched_and_are_never_trained(opened, server):
+    anthropic = pytest.importorskip("anthropic")
+    trainable = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused", max_retries=0)
+    judge = AsyncOpenAI(base_url=server.base_url, api_key="user-key", max_retries=0)
+    claude = anthropic.AsyncAnthropic(base_url=server.base_url.removesuffix("/v1"), api_key="user-key", max_retries=0)
+    hi = [{"role": "user", "content": "hi"}]
+
+    async def others() -> str:
+        r = await judge.chat.completions.create(model="gpt-judge", messages=hi)
+        m = await claude.messages.create(model="claude-x", max_tokens=5, messages=hi)
+        return r.choices[0].message.content + " / " + m.content[0].text
+
+    @art.rollout
+    async def agent() -> str:
+        await trainable.chat.completions.create(model="tiny-agent", messages=hi, max_tokens=3)
+        return await others()
+
+    def as_sent(requests):  # what a server can tell of a request, less what varies from one to the next
+        return [(r["body"], {k: v for k, v in r["headers"].items() if k not in ("host", "content-length")})
+                for r in requests]
+
+    start = len(server.requests)
+    assert await others() == "echo: hi / echo: hi"  # the same calls outside any rollout
+    plain = as_sent(server.requests[start:])
+    traj = await agent.collect()
+    assert traj.error is None and traj.outcome == "echo: hi / echo: hi"
+    inside = as_sent(server.requests[start + 2:])
+    assert inside == plain  # the same bodies and headers: the agent's key, nothing of ours added
+    assert not [k for _, h in inside for k in h if k.startswith("x-artsdk")]
+    assert [c.model for c in traj.calls] == ["tiny-agent", "gpt-judge", "claude-x"]  # all on the trajectory ...
+    assert traj.metadata["calls_recorded"]["client"] == 1
+    from backends.local.batch import segments  # the trainer's reading of a trajectory: one call to train
+    read = segments(traj, 1.0, opened.backend.models["tiny-agent"].tokenizing())
+    assert len(read.segments) == 1 and read.other_calls == 2
+
+
+async def test_a_client_on_an_http2_transport_is_captured_token_exact(opened):
+    # the patch sits on the openai resource, above whatever transport the client brings
+    client = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused", max_retries=0,
+                         http_client=httpx.AsyncClient(http2=True))
+
+    @art.rollout
+    async def agent() -> str:
+        r = await client.chat.completions.create(model="tiny-agent", messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=3)
+        return r.choices[0].message.content or ""
+
+    traj = await agent.collect()
+    (call,) = traj.calls
+    assert traj.error is None and call.choices[0].token_ids and call.prompt_token_ids
+    assert traj.metadata["calls_recorded"]["matched"] == 1 and not traj.warnings

@@ -25,6 +25,8 @@ LLM_ROUTES = ("/chat/completions", "/responses", "/completions", "/messages",
               # other LLM servers' routes: Ollama, llama.cpp, Gemini, the Assistants API's runs
               "/api/chat", "/api/generate", "/completion", ":generateContent", ":streamGenerateContent")
 _RUNS = re.compile(r"/threads(/[^/]+)?/runs$")
+# the Realtime API: a websocket opened by a GET to this route; its messages are not captured
+REALTIME_ROUTE = "/realtime"
 ESCAPED = "an LLM call escaped capture"
 # Set while a sentinel's library sends a request it has judged, so the sentinel under it (the
 # socket's, ``sentinel_socket.py``) does not judge the same request again.
@@ -46,14 +48,21 @@ def check(method: str, url: str, path: str, library: str, headers: Optional[Mapp
     """Note (or, strict, refuse) a request about to be sent by ``library``, if it is an LLM
     call inside a rollout that no patched call is making."""
     rec = current_recorder.get()
-    if rec is None or inside_call.get() or method.upper() != "POST":
+    if rec is None or inside_call.get():
         return
-    if not path.rstrip("/").endswith(LLM_ROUTES) and not _RUNS.search(path.rstrip("/")):
+    route = path.rstrip("/")
+    realtime = method.upper() == "GET" and route.endswith(REALTIME_ROUTE)
+    if not realtime and (method.upper() != "POST" or not (route.endswith(LLM_ROUTES) or _RUNS.search(route))):
         return
-    if _filed_by_endpoint(url, path, headers):
+    if not realtime and _filed_by_endpoint(url, path, headers):
         return  # the backend's endpoint files it under the rollout (reconcile.py adds it to the trajectory)
-    where = f"POST {url.split('?')[0]}"
-    note = f"{ESCAPED}: {where} was sent {_how(path, library, headers)}, so this trajectory does not hold it. "
+    if realtime:  # a websocket: whatever the model says on it, no record of it is kept
+        note = (f"{ESCAPED}: a Realtime API session (GET {url.split('?')[0]}, a websocket) was opened "
+                f"through {library}; artsdk records no websocket's messages, so this trajectory does not hold "
+                f"them. ")
+    else:
+        where = f"POST {url.split('?')[0]}"
+        note = f"{ESCAPED}: {where} was sent {_how(path, library, headers)}, so this trajectory does not hold it. "
     from ..config import settings
 
     if settings().strict_capture:

@@ -5,9 +5,11 @@ socket, httpcore or an httpx transport used directly, tornado, niquests and requ
 urllib3-future -- is seen here, by its request line and headers.
 
 A request a sentinel above already judged (it sets ``sentinel.judged`` while it sends) is not
-judged again here, so a call is reported once, by the library that made it. What no Python
-socket carries is beyond it: HTTP/2's binary frames, and clients that send from native code
-(pycurl, BAML); those reach a trainable model through ``art.rollout_url()``.
+judged again here, so a call is reported once, by the library that made it. A websocket's
+opening GET is looked at too: a Realtime API session is reported, since no websocket's messages
+are recorded. What no Python socket carries in HTTP/1.1 is beyond it: HTTP/2's binary frames
+from a client below httpx, and clients that send from native code (pycurl, BAML); those reach a
+trainable model through ``art.rollout_url()``.
 """
 
 from __future__ import annotations
@@ -76,20 +78,25 @@ def _sendmsg(orig: Any) -> Any:
 
 
 def _judge(sock: Any, data: Any, tls: bool) -> None:
-    """``check`` a POST whose request line starts ``data`` (anything else passes)."""
+    """``check`` a POST whose request line starts ``data``, or a GET opening a websocket (the
+    Realtime API's); anything else passes."""
     try:
         view = memoryview(data)
     except TypeError:
         return
-    if view[:5] != b"POST ":
+    method = "POST" if view[:5] == b"POST " else "GET" if view[:4] == b"GET " else None
+    if method is None:
         return
     request = _parse(bytes(view[:_HEAD]))
     if request is None:
         return
     target, headers = request
+    if method == "GET" and headers.get("upgrade", "").lower() != "websocket":
+        return
     where = headers.get("host") or _peer(sock)
-    url = target if "://" in target else f"{'https' if tls else 'http'}://{where}{target}"  # a proxy's: whole
-    check("POST", url, urlsplit(url).path, _LIBRARY, headers)
+    scheme = ("wss" if tls else "ws") if method == "GET" else ("https" if tls else "http")
+    url = target if "://" in target else f"{scheme}://{where}{target}"  # a proxy's: whole
+    check(method, url, urlsplit(url).path, _LIBRARY, headers)
 
 
 def _parse(head: bytes) -> Optional[tuple[str, dict[str, str]]]:

@@ -93,7 +93,8 @@ def make_app(step: int = 0, script: Optional[Script] = None) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         body = await request.json()
-        app.state.requests.append({"body": body, "auth": request.headers.get("authorization")})
+        app.state.requests.append({"body": body, "auth": request.headers.get("authorization"),
+                                   "headers": dict(request.headers)})
         text = _last_user(body.get("messages", []))
         if text.startswith("sleep "):
             await asyncio.sleep(float(text.split()[1]))
@@ -164,7 +165,7 @@ def make_app(step: int = 0, script: Optional[Script] = None) -> FastAPI:
         decides); a tool_use block when tools are given and the text is "tool please"."""
         body = await request.json()
         auth = request.headers.get("x-api-key") or request.headers.get("authorization")  # as the client sends it
-        app.state.requests.append({"body": body, "auth": auth, "api": "messages"})
+        app.state.requests.append({"body": body, "auth": auth, "api": "messages", "headers": dict(request.headers)})
         from artsdk.capture.messages_record import message_events
         from artsdk.trajectory.message_blocks import chat_messages, content_blocks
 
