@@ -18,8 +18,8 @@ from starlette.exceptions import HTTPException
 
 from artsdk.slow_clients import HEADER_TIMEOUT, KEEP_ALIVE, GuardedH11
 
-__all__ = ["BODY_TIMEOUT", "HEADER_TIMEOUT", "KEEP_ALIVE", "Guard", "GuardedH11", "ServerThread", "api_docs", "error", "guard",
-           "session_key"]
+__all__ = ["BODY_TIMEOUT", "HEADER_TIMEOUT", "KEEP_ALIVE", "Guard", "GuardedH11", "ServerThread", "api_docs",
+           "error", "guard", "session_key"]
 
 BODY_TIMEOUT = 60.0  # seconds to receive a whole request body
 
