@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
+import threading
 import time
 import tomllib
 from dataclasses import dataclass
@@ -284,8 +286,19 @@ class Example:
     random_baselines: frozenset[str] = frozenset()
 
 
+def interruptible() -> None:
+    """Ctrl-C (SIGINT) stops the run even when this process started with SIGINT ignored or
+    blocked, as a child inherits them -- a background job of a script, a process a test
+    runner's worker started: Python (and asyncio) put their handler in only where SIGINT is at
+    its default, so such a run would ignore Ctrl-C and go on to its last step."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def main(example: Example, argv: Sequence[str] | None = None) -> None:
     """Run an example from the command line."""
+    interruptible()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = load_config(example.config, argv if argv is not None else sys.argv[1:])
     rewards = example.rewards_for(cfg) if example.rewards_for is not None else example.rewards

@@ -346,7 +346,17 @@ def test_paired_gains_and_expected_values():
 
 # -- the demo's runner: Ctrl-C ----------------------------------------------------------------
 
-def test_ctrl_c_stops_in_seconds_with_one_line_and_keeps_what_ran(tmp_path):
+def _sigint_ignored_and_blocked() -> None:
+    """In the child before it starts: SIGINT as a background job of a script, or a process a
+    test runner's worker started, inherits it -- ignored and blocked."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
+@pytest.mark.parametrize("started", ["from a shell", "with SIGINT ignored and blocked"])
+def test_ctrl_c_stops_in_seconds_with_one_line_and_keeps_what_ran(tmp_path, started):
     import os
     import signal
     import subprocess
@@ -359,7 +369,8 @@ def test_ctrl_c_stops_in_seconds_with_one_line_and_keeps_what_ran(tmp_path):
         [sys.executable, "-m", "artsdk.cli", "train", str(root / "examples" / "reviews"), "--base-model", "tiny",
          "--steps", "50", "--group-size", "32", "--scenarios-per-step", "16", "--eval-games", "4"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(root)})
+        env={**os.environ, "PYTHONPATH": str(root)},
+        preexec_fn=_sigint_ignored_and_blocked if started != "from a shell" else None)
     done = 0
     for line in p.stdout:  # two steps done; the third one's 512 rollouts are under way
         done += bool(re.match(r"step \d+: reward", line))
@@ -368,7 +379,12 @@ def test_ctrl_c_stops_in_seconds_with_one_line_and_keeps_what_ran(tmp_path):
     time.sleep(0.3)
     t0 = time.monotonic()
     p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
+    try:
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:  # it ignored Ctrl-C: not left running its 50 steps
+            p.kill()
+            p.wait(30)
     assert p.returncode == 130 and time.monotonic() - t0 < 20
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted:"), err[-2000:]
     store = art.Store(str(tmp_path / ".artsdk" / "store.db"))
