@@ -9,12 +9,12 @@ from openai import AsyncOpenAI
 
 import artsdk as art
 
-from .game import CELLS, Game, opponent_move
+from .game import CELLS, Game, opponent_move, winning_cells
 
 client = AsyncOpenAI(base_url="http://127.0.0.1:1/v1", api_key="unused")  # routed by art.session
 MODEL = "ttt-agent"
-SYSTEM = ("You play tic-tac-toe as X against O. Cells are named by row letter and column number, "
-          "A1 to C3. Answer with the one free cell you play, like B2, and nothing else.")
+SYSTEM = ("You play tic-tac-toe as X against O: three in a row wins. Cells are named by row letter and "
+          "column number, A1 to C3. Answer with the one free cell you play, like B2, and nothing else.")
 _CELL = re.compile(r"([ABCabc])\s?([123])")
 
 
@@ -28,23 +28,28 @@ def parse_move(text: str) -> str | None:
 async def play(game: Game, temperature: float = 1.0) -> dict:
     game = Game(seed=game.seed, opponent=game.opponent)  # a fresh board each rollout
     rng = random.Random(game.seed)
-    moves = []
+    moves, chances, taken = [], 0, 0
     while game.winner() is None:
         resp = await client.chat.completions.create(
             model=MODEL, max_tokens=8, temperature=temperature,
             messages=[{"role": "system", "content": SYSTEM},
-                      {"role": "user", "content": f"Board:\n{game.render()}\nFree: {' '.join(game.free())}\nYour move:"}],
+                      {"role": "user", "content": f"Board:\n{game.render()}\nFree: {' '.join(game.free())}\n"
+                                                  f"{game.threats()}\nYour move:"}],
         )
         answer = resp.choices[0].message.content or ""
         move = parse_move(answer)
+        # a chance: a line X completes now, else one O would complete next (a block)
+        must = winning_cells(game.board, "X") or winning_cells(game.board, "O")
+        chances += bool(must)
+        taken += move in must
         if move is None or move not in game.free():
             # an illegal or unreadable move is part of the game: it ends it, and is penalized
-            return {"winner": None, "invalid": answer[:40], "moves": moves}
+            return {"winner": None, "invalid": answer[:40], "moves": moves, "chances": chances, "taken": taken}
         game.play(move, "X")
         moves.append(move)
         if game.winner() is None:
             game.play(opponent_move(game, rng), "O")
-    return {"winner": game.winner(), "invalid": None, "moves": moves}
+    return {"winner": game.winner(), "invalid": None, "moves": moves, "chances": chances, "taken": taken}
 
 
 @art.reward
@@ -62,4 +67,12 @@ def legal_moves(traj: art.Trajectory) -> float:
     return len(traj.outcome.get("moves", [])) / 5
 
 
-__all__ = ["CELLS", "play", "result", "legal_moves", "parse_move"]
+@art.reward(weight=0.25)
+def tactics(traj: art.Trajectory) -> float:
+    """Credit per move, not only per game: the share of chances taken -- a move that completes
+    a line when one can be completed, else one that blocks O's -- 1 where none arose."""
+    o = traj.outcome
+    return o.get("taken", 0) / o["chances"] if o.get("chances") else 1.0
+
+
+__all__ = ["CELLS", "play", "result", "legal_moves", "tactics", "parse_move"]

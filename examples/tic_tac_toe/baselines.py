@@ -8,9 +8,7 @@ from __future__ import annotations
 import random
 from typing import Callable
 
-from .game import CELLS, Game, opponent_move, winner_of
-
-LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
+from .game import Game, opponent_move, winning_cells
 
 
 def random_cell(game: Game, rng: random.Random) -> str:
@@ -22,13 +20,10 @@ def first_free(game: Game, rng: random.Random) -> str:
 
 
 def win_block_centre(game: Game, rng: random.Random) -> str:
-    board, free = list(game.board), game.free()
-    for mark in ("X", "O"):  # win, else block
-        for cell in free:
-            i = CELLS.index(cell)
-            trial = board[:i] + [mark] + board[i + 1:]
-            if winner_of(tuple(trial)) == mark:
-                return cell
+    free = game.free()
+    tactical = winning_cells(game.board, "X") or winning_cells(game.board, "O")  # win, else block
+    if tactical:
+        return tactical[0]
     for cell in ("B2", "A1", "A3", "C1", "C3"):
         if cell in free:
             return cell
@@ -40,14 +35,16 @@ def play_with(policy: Callable[[Game, random.Random], str], game: Game, draw: in
     choices seeded by the game and ``draw``; the opponent's by the game alone)."""
     game = Game(seed=game.seed, opponent=game.opponent)
     rng, mine = random.Random(game.seed), random.Random(f"{game.seed}/{draw}")
-    moves = []
+    moves, chances, taken = [], 0, 0
     while game.winner() is None:
         move = policy(game, mine)
+        must = winning_cells(game.board, "X") or winning_cells(game.board, "O")
+        chances, taken = chances + bool(must), taken + (move in must)
         game.play(move, "X")
         moves.append(move)
         if game.winner() is None:
             game.play(opponent_move(game, rng), "O")
-    return {"winner": game.winner(), "invalid": None, "moves": moves}
+    return {"winner": game.winner(), "invalid": None, "moves": moves, "chances": chances, "taken": taken}
 
 
 BASELINES = {"random legal move": random_cell, "first free cell (scripted)": first_free,

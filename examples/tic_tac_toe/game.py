@@ -1,4 +1,5 @@
-"""Tic-tac-toe: the board, the rules and two opponents (random, minimax)."""
+"""Tic-tac-toe: the board, the rules, what a position threatens, and three opponents (random,
+blocker, minimax)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4
 @dataclass
 class Game:
     """A game the agent plays as X. ``seed`` fixes the opponent's choices; ``opponent`` is
-    "random" or "minimax"."""
+    "random" (any free cell), "blocker" (wins when it can, blocks X's win when it must, else any
+    free cell) or "minimax" (never loses)."""
 
     seed: int = 0
     opponent: str = "random"
@@ -40,12 +42,28 @@ class Game:
         """"x", "o", "draw", or None while the game goes on."""
         return winner_of(tuple(self.board))
 
+    def threats(self) -> str:
+        """What the position threatens, spelled out for a reader that cannot see lines:
+        the cells where X completes a line now, and those where O would complete one next."""
+        wins, losses = winning_cells(self.board, "X"), winning_cells(self.board, "O")
+        return (f"You win at: {' '.join(wins) or 'none'}\n"
+                f"O wins next at: {' '.join(losses) or 'none'}")
+
 
 def winner_of(board: tuple[str, ...]) -> Optional[str]:
     for a, b, c in LINES:
         if board[a] != "." and board[a] == board[b] == board[c]:
             return board[a].lower()
     return "draw" if "." not in board else None
+
+
+def winning_cells(board: list[str], mark: str) -> list[str]:
+    """The free cells where ``mark`` ("X" or "O") would complete a line."""
+    cells = []
+    for i, v in enumerate(board):
+        if v == "." and winner_of(tuple(board[:i] + [mark] + board[i + 1:])) == mark.lower():
+            cells.append(CELLS[i])
+    return cells
 
 
 @lru_cache(maxsize=None)
@@ -68,6 +86,8 @@ def opponent_move(game: Game, rng: random.Random) -> str:
         best = max(_score(board[:CELLS.index(c)] + ("O",) + board[CELLS.index(c) + 1:], "X") for c in free)
         free = [c for c in free
                 if _score(board[:CELLS.index(c)] + ("O",) + board[CELLS.index(c) + 1:], "X") == best]
+    elif game.opponent == "blocker":
+        free = winning_cells(game.board, "O") or winning_cells(game.board, "X") or free
     return rng.choice(free)
 
 
