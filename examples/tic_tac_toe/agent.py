@@ -33,8 +33,8 @@ async def play(game: Game, temperature: float = 1.0) -> dict:
         resp = await client.chat.completions.create(
             model=MODEL, max_tokens=8, temperature=temperature,
             messages=[{"role": "system", "content": SYSTEM},
-                      {"role": "user", "content": f"Board:\n{game.render()}\nFree: {' '.join(game.free())}\n"
-                                                  f"{game.threats()}\nYour move:"}],
+                      {"role": "user", "content": f"Board:\n{game.render()}\n{game.threats()}"
+                                                  f"Free: {' '.join(game.free())}\nYour move:"}],
         )
         answer = resp.choices[0].message.content or ""
         move = parse_move(answer)

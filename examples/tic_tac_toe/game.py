@@ -43,11 +43,12 @@ class Game:
         return winner_of(tuple(self.board))
 
     def threats(self) -> str:
-        """What the position threatens, spelled out for a reader that cannot see lines:
-        the cells where X completes a line now, and those where O would complete one next."""
+        """What the position threatens, spelled out for a reader that cannot see lines (one
+        line each, none when nothing is threatened): the cells where X completes a line now,
+        and those where O would complete one next."""
         wins, losses = winning_cells(self.board, "X"), winning_cells(self.board, "O")
-        return (f"You win at: {' '.join(wins) or 'none'}\n"
-                f"O wins next at: {' '.join(losses) or 'none'}")
+        return ((f"You can win at {' '.join(wins)}.\n" if wins else "")
+                + (f"O threatens to win at {' '.join(losses)}.\n" if losses else ""))
 
 
 def winner_of(board: tuple[str, ...]) -> Optional[str]:
