@@ -41,6 +41,25 @@ def test_tic_tac_toe_rules_and_minimax():
     assert ttt.parse_move("the middle") is None
 
 
+def test_tic_tac_toe_blocker_threats_and_the_scripted_player_that_wins_and_blocks():
+    import random
+
+    from examples.tic_tac_toe.baselines import first_free, win_block_centre
+
+    g = Game(opponent="blocker", board=list("XX.OO...."))
+    assert opponent_move(g, random.Random(0)) == "B3"  # its own win first
+    g = Game(opponent="blocker", board=list("XX..O...."))
+    assert opponent_move(g, random.Random(0)) == "A3"  # else it blocks
+    assert g.threats() == "You can win at A3.\n"
+    g = Game(board=list("X...OO..X"))
+    assert g.threats() == "O threatens to win at B1.\n" and Game().threats() == ""
+    # the script takes its win, else blocks, else the centre
+    assert win_block_centre(Game(board=list("XX.OO....")), random.Random(0)) == "A3"
+    assert win_block_centre(Game(board=list("X...OO..X")), random.Random(0)) == "B1"
+    assert win_block_centre(Game(board=list("X........")), random.Random(0)) == "B2"
+    assert first_free(Game(board=list("X...OO..X")), random.Random(0)) == "A2"
+
+
 def test_tic_tac_toe_rewards():
     win = trajectory(convo("B2"), outcome={"winner": "x", "invalid": None, "moves": ["B2", "A1", "C3"]})
     draw = trajectory(convo("B2"), outcome={"winner": "draw", "invalid": None, "moves": ["B2"] * 5})
@@ -48,6 +67,33 @@ def test_tic_tac_toe_rewards():
     bad = trajectory(convo("banana"), outcome={"winner": None, "invalid": "banana", "moves": []})
     assert [ttt.result(t) for t in (win, draw, loss, bad)] == [1.0, 0.5, 0.0, -0.5]
     assert ttt.legal_moves(draw) == 1.0 and ttt.legal_moves(bad) == 0.0
+    # per move: the share of chances (a win to take, else a loss to block) taken; 1 where none arose
+    missed = trajectory(convo("A1"), outcome={"winner": "o", "invalid": None, "moves": ["A1"], "chances": 2, "taken": 1})
+    assert ttt.tactics(missed) == 0.5 and ttt.tactics(win) == 1.0
+
+
+async def test_tic_tac_toe_rollout_counts_its_chances(art_store, monkeypatch):
+    """The rollout sees the threats spelled out and counts the chances it took, as the scripted
+    baseline's outcome does for the same game."""
+    from openai import AsyncOpenAI
+
+    from artsdk.testing.mock_server import MockServer
+    from examples.tic_tac_toe.baselines import play_with, win_block_centre
+
+    game = Game(seed=3, opponent="blocker")
+    scripted = play_with(win_block_centre, game)
+    moves = iter(scripted["moves"])
+    seen = []
+
+    def script(messages):
+        seen.append(messages[-1]["content"])
+        return next(moves)
+
+    with MockServer(script=script) as server:
+        monkeypatch.setattr(ttt, "client", AsyncOpenAI(base_url=server.base_url, api_key="k"))
+        traj = await ttt.play.collect(game, temperature=0.0)
+    assert traj.outcome == scripted and scripted["chances"] >= 1
+    assert any("O threatens to win at" in s or "You can win at" in s for s in seen)
 
 
 # -- 2048 -----------------------------------------------------------------------------------
