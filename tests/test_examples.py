@@ -109,6 +109,39 @@ def test_2048_engine():
     assert Board(seed=3).cells == Board(seed=3).cells  # seeded
     assert tile_reward(2048) == 1.0 and tile_reward(2) == pytest.approx(1 / 11)
     assert g2048.parse_direction("I'd go Left!") == "left" and g2048.parse_direction("north") is None
+    # the moves spelled out: those that merge, those that only slide; one that changes nothing left out
+    b = Board(cells=[2, 2, 0, 0] + [4, 0, 0, 0] + [0] * 8)
+    assert [b.merges(d) for d in ("up", "down", "left", "right")] == [0, 0, 1, 1]
+    assert b.options() == "Moves that merge tiles: left, right.\nMoves that only slide tiles: down.\n"  # up moves nothing
+    assert Board(cells=[2, 4] + [0] * 14).options() == "Moves that only slide tiles: down, right.\n"
+
+
+def test_2048_scripted_players_and_the_rollout_count_merges(monkeypatch):
+    import asyncio
+    import random
+
+    from openai import AsyncOpenAI
+
+    from artsdk.testing.mock_server import MockServer
+    from examples.game_2048.baselines import merge_first, play_with, random_move
+
+    b = Board(cells=[2, 0, 0, 0] + [2, 4, 0, 0] + [0] * 8)
+    assert merge_first(b, random.Random(0)) == "up" and random_move(b, random.Random(0)) in b.legal()
+    scripted = play_with(merge_first, 7, 6)
+    assert scripted["chances"] >= 1 and scripted["merged"] == scripted["chances"]
+    moves, seen = iter(scripted["moves"]), []
+
+    def script(messages):  # a model answering as the script does, in a sentence
+        seen.append(messages[-1]["content"])
+        return f"You slide {next(moves)}."
+
+    async def play():
+        return await g2048.play.collect(7, turns=6, temperature=0.0)
+
+    with MockServer(script=script) as server:
+        monkeypatch.setattr(g2048, "client", AsyncOpenAI(base_url=server.base_url, api_key="k"))
+        traj = asyncio.run(play())
+    assert traj.outcome == scripted and "Moves that merge tiles: " in seen[0]
 
 
 def test_2048_rewards():
@@ -119,6 +152,9 @@ def test_2048_rewards():
     assert g2048.largest_tile(good) == pytest.approx(6 / 11)
     assert g2048.board(good) == pytest.approx(board_value([96]))
     assert g2048.invalid_move(bad) == -0.5 and g2048.invalid_move(good) == 0.0
+    # per move: the share of turns that merged, of those where some move could; 1 where none could
+    half = trajectory(convo("up"), outcome={**good.outcome, "chances": 4, "merged": 2})
+    assert g2048.merging(half) == 0.5 and g2048.merging(good) == 1.0
 
 
 # -- Temporal Clue --------------------------------------------------------------------------
@@ -525,11 +561,10 @@ async def test_example_baselines_and_a_model_by_url():
     assert temperatures == {0.0} and row["reward"] >= 0  # every move legal: no -0.5
     # a model playing the first free cell scores what the scripted first-free player scores
     assert row["reward"] == pytest.approx(rows["first free cell (scripted)"]["reward"])
-    # 2048's config plays its held-out games at the training temperature: a model by URL is asked
-    # at that temperature too, so its row compares with the trained model's
+    # a config that plays its held-out games at a temperature (eval_temperature): a model by URL is
+    # asked at that temperature too, so its row compares with the trained model's
     g2048 = example_of("game_2048")
-    g_cfg = load_config(g2048.config, [])
-    assert g_cfg["eval_temperature"] == 1.0
+    g_cfg = {**load_config(g2048.config, []), "eval_temperature": 1.0}
     with MockServer(script=lambda messages: "up") as server:
         row = await by_url(g2048, g_cfg, server.base_url, "some-model", "k")
         temperatures = {r["body"]["temperature"] for r in server.app.state.requests}

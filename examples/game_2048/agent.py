@@ -15,6 +15,7 @@ MODEL = "agent-2048"
 MAX_TURNS = 12
 SYSTEM = ("You play 2048. Tiles slide all the way in the direction you choose and equal tiles merge. "
           "Answer with one word: up, down, left or right.")
+ASK = "Which direction do you slide? Answer with one word."
 _WORD = re.compile(r"\b(up|down|left|right)\b", re.I)
 
 
@@ -27,22 +28,27 @@ def parse_direction(text: str) -> str | None:
 async def play(seed: int, turns: int = MAX_TURNS, temperature: float = 1.0) -> dict:
     board = Board(seed=seed)
     moves: list[str] = []
+    chances = merged = 0
     for _ in range(turns):
         if board.over:
             break
         resp = await client.chat.completions.create(
             model=MODEL, max_tokens=6, temperature=temperature,
             messages=[{"role": "system", "content": SYSTEM},
-                      {"role": "user", "content": f"Board:\n{board.render()}\nYour move:"}],
+                      {"role": "user", "content": f"Board:\n{board.render()}\n{board.options()}{ASK}"}],
         )
         answer = resp.choices[0].message.content or ""
         direction = parse_direction(answer)
+        chances += any(board.merges(d) for d in board.legal())  # a turn where some move merges tiles
         if direction is None or not board.can_move(direction):
             # part of the game: an unreadable or useless move ends it, and is penalized
-            return {"max_tile": board.max_tile, "cells": board.cells, "moves": moves, "invalid": answer[:40]}
+            return {"max_tile": board.max_tile, "cells": board.cells, "moves": moves, "invalid": answer[:40],
+                    "chances": chances, "merged": merged}
+        merged += board.merges(direction) > 0
         board.move(direction)
         moves.append(direction)
-    return {"max_tile": board.max_tile, "cells": board.cells, "moves": moves, "invalid": None}
+    return {"max_tile": board.max_tile, "cells": board.cells, "moves": moves, "invalid": None,
+            "chances": chances, "merged": merged}
 
 
 @art.reward
@@ -60,5 +66,13 @@ def invalid_move(traj: art.Trajectory) -> float:
     return -0.5 if traj.outcome.get("invalid") is not None else 0.0
 
 
-REWARDS = [largest_tile, board, invalid_move]
+@art.reward(weight=0.1)
+def merging(traj: art.Trajectory) -> float:
+    """Credit per move, not only per game: the share of turns that merged tiles, of those where
+    some move could (1 where none could)."""
+    o = traj.outcome
+    return o.get("merged", 0) / o["chances"] if o.get("chances") else 1.0
+
+
+REWARDS = [largest_tile, board, invalid_move, merging]
 __all__ = ["DIRECTIONS", "play", "REWARDS", "parse_direction"]

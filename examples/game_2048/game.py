@@ -76,6 +76,19 @@ class Board:
     def legal(self) -> list[str]:
         return [d for d in DIRECTIONS if self.can_move(d)]
 
+    def merges(self, direction: str) -> int:
+        """How many merges sliding this way makes (tiles it joins)."""
+        return sum(1 for v in self.cells if v) - sum(1 for v in self._moved(direction)[0] if v)
+
+    def options(self) -> str:
+        """The moves spelled out for a reader that cannot see the board's lines: those that
+        merge tiles, and those that only slide them (a move that changes nothing is left out)."""
+        legal = self.legal()
+        merging = [d for d in legal if self.merges(d)]
+        sliding = [d for d in legal if d not in merging]
+        return ((f"Moves that merge tiles: {', '.join(merging)}.\n" if merging else "")
+                + (f"Moves that only slide tiles: {', '.join(sliding)}.\n" if sliding else ""))
+
     def move(self, direction: str) -> None:
         """Play a move; ValueError for an unknown direction or one that changes nothing."""
         if direction not in DIRECTIONS:
