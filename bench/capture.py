@@ -128,33 +128,47 @@ def direct_cost(n: int = 3000) -> dict:
 
 def conversation_cost(n: int = 3000) -> list[dict]:
     """Recording one call of a growing conversation inside a rollout, at 1, 10 and 50 messages
-    (the agent appending to its list, as agents do): the work alone, no network; the best of
-    5 runs of ``n`` calls each."""
+    (the agent appending to its list, as agents do), answered whole and streamed (four chunks):
+    the work alone, no network; the best of 5 runs of ``n`` calls each."""
     import timeit
 
-    from openai.types.chat import ChatCompletion
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
     from artsdk.capture.context import Recorder, current_recorder
-    from artsdk.capture.record import from_response
+    from artsdk.capture.record import StreamAccumulator, from_response
 
     resp = ChatCompletion.model_validate({
         "id": "x", "object": "chat.completion", "created": 0, "model": "m@1",
         "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Paris."},
                      "token_ids": list(range(24))}]})
+    chunks = [ChatCompletionChunk.model_validate({
+        "id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m@1",
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": word} if word else {},
+                     "finish_reason": None if word else "stop"}]}) for word in ("Par", "is", ".", "")]
+
+    def streamed(messages: list[dict]) -> None:
+        acc = StreamAccumulator("openai", {"model": "m", "messages": messages, "stream": True})
+        for chunk in chunks:
+            acc.add(chunk)
+        acc.to_call(0.0, False)
+
     rows = []
-    for size in (1, 10, 50):
-        messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: " + "words " * 30}
-                    for i in range(size)]
-        token = current_recorder.set(Recorder())
-        try:
-            from_response("openai", {"model": "m", "messages": messages}, resp, 0.0)  # the conversation so far
-            best = min(timeit.repeat(lambda: from_response("openai", {"model": "m", "messages": messages}, resp, 0.0),
-                                     number=n, repeat=5))
-        finally:
-            current_recorder.reset(token)
-        rows.append({"case": f"record a call of {size} message(s)", "messages": size, "overhead_us": best / n * 1e6})
-    for r in rows:
-        r["vs_one_message"] = r["overhead_us"] / rows[0]["overhead_us"]
+    for kind, record in (("call", lambda m: from_response("openai", {"model": "m", "messages": m}, resp, 0.0)),
+                         ("streamed call", streamed)):
+        first = len(rows)
+        for size in (1, 10, 50):
+            messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: " + "words " * 30}
+                        for i in range(size)]
+            token = current_recorder.set(Recorder())
+            try:
+                record(messages)  # the conversation so far
+                best = min(timeit.repeat(lambda: record(messages), number=n, repeat=5))
+            finally:
+                current_recorder.reset(token)
+            rows.append({"case": f"record a {kind} of {size} message(s)", "messages": size,
+                         "overhead_us": best / n * 1e6})
+        for r in rows[first:]:
+            r["vs_one_message"] = r["overhead_us"] / rows[first]["overhead_us"]
     return rows
 
 

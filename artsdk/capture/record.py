@@ -277,7 +277,9 @@ class StreamAccumulator:
                 Choice(index=i, message=msg, finish_reason=st["finish_reason"],
                        token_ids=ids or None, logprobs=st["logprobs"] or None)
             )
-        return LLMCall(
+        # built without validating the messages again, as ``from_response`` builds a call: a
+        # streamed turn 20 costs what turn 1 does
+        return LLMCall.model_construct(
             provider=self.provider, model=model, messages=messages, tools=tools, params=params,
             choices=choices, served_by=self.served_by, step=served_step(self.served_by),
             usage=self.usage, prompt_token_ids=self.prompt_token_ids, latency=latency,

@@ -1,0 +1,65 @@
+"""OpenPipe ART's side of bench/capture_vs_art.py, run by ART's own Python (a venv with
+``openpipe-art`` and the openai client it installs beside; artsdk is not there). It reads one
+JSON command a line from stdin -- ``{"captured": bool, "stream": bool, "n": int}`` -- makes
+``n`` chat-completion calls to the URL it was given, and writes the seconds per call as one
+JSON line. A captured call runs in an ``AutoTrajectoryContext`` of its own (what
+``capture_auto_trajectory`` opens: one rollout of one call) with ART's httpx patches in place;
+an uncaptured one with httpx's own methods put back, as before ``import art``.
+
+    <art venv>/bin/python bench/art_worker.py http://127.0.0.1:PORT/v1
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import httpx
+from openai import OpenAI
+
+PATCHED = ("iter_bytes", "aiter_bytes", "close", "aclose")
+ORIGINAL = {name: getattr(httpx.Response, name) for name in PATCHED}
+
+import art  # noqa: E402  (patches httpx.Response on import)
+from art.auto_trajectory import AutoTrajectoryContext  # noqa: E402
+
+ART = {name: getattr(httpx.Response, name) for name in PATCHED}
+MSGS = [{"role": "system", "content": "You are a helpful agent."},
+        {"role": "user", "content": "what is the capital of France? answer in one word please"}]
+
+
+def call(client: OpenAI, stream: bool) -> None:
+    out = client.chat.completions.create(model="m", messages=MSGS, stream=stream)
+    if stream:
+        for _ in out:
+            pass
+
+
+def run(client: OpenAI, captured: bool, stream: bool, n: int) -> float:
+    for name, fn in (ART if captured else ORIGINAL).items():
+        setattr(httpx.Response, name, fn)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        if captured:
+            with AutoTrajectoryContext() as trajectory:
+                call(client, stream)
+        else:
+            call(client, stream)
+    seconds = (time.perf_counter() - t0) / n
+    if captured and len(trajectory.messages_and_choices) != len(MSGS) + 1:  # or this measures nothing
+        raise SystemExit(f"ART captured {trajectory.messages_and_choices!r}")
+    return seconds
+
+
+def main() -> None:
+    client = OpenAI(base_url=sys.argv[1], api_key="k", max_retries=0)
+    print(json.dumps({"art": getattr(art, "__version__", "?"), "openai": __import__("openai").__version__}),
+          flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        print(json.dumps({"seconds": run(client, cmd["captured"], cmd["stream"], cmd["n"])}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
