@@ -111,8 +111,9 @@ class Rollout(Generic[R]):
                 traj.outcome = await self.fn(*args, **kwargs)
         finally:
             if traj is not None:
-                with anyio.CancelScope(shield=True):  # its calls the endpoint saw are its own, not the outer's
-                    await with_endpoint_record(traj)
+                if current_session() is not None:  # only a session's backend keeps an endpoint record
+                    with anyio.CancelScope(shield=True):  # its calls the endpoint saw are its own, not the outer's
+                        await with_endpoint_record(traj)
                 self._record_plain(traj, in_kept)
         return traj.outcome
 
