@@ -124,7 +124,7 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
         held_out = streams.held_out(make_scenarios, cfg)
         control = cfg.get("control")
         if control and scripted is None:
-            raise SystemExit("--control sft needs an example with scripted answers (temporal_clue, email_agent)")
+            raise SystemExit("--control sft needs an example with scripted answers (scripted in its train.py)")
         eval_t = cfg.get("eval_temperature", 0.0)
         how = f"once each at temperature {eval_t}" if eval_t else "greedily"
         per: dict[str, Any] = {}  # per-scenario figures of each evaluation

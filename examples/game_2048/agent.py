@@ -24,6 +24,12 @@ def parse_direction(text: str) -> str | None:
     return m.group(1).lower() if m else None
 
 
+def asked(board: Board) -> list[dict]:
+    """What the agent is asked each turn: the board, and which moves merge or only slide."""
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"Board:\n{board.render()}\n{board.options()}{ASK}"}]
+
+
 @art.rollout(name="2048")
 async def play(seed: int, turns: int = MAX_TURNS, temperature: float = 1.0) -> dict:
     board = Board(seed=seed)
@@ -32,11 +38,8 @@ async def play(seed: int, turns: int = MAX_TURNS, temperature: float = 1.0) -> d
     for _ in range(turns):
         if board.over:
             break
-        resp = await client.chat.completions.create(
-            model=MODEL, max_tokens=6, temperature=temperature,
-            messages=[{"role": "system", "content": SYSTEM},
-                      {"role": "user", "content": f"Board:\n{board.render()}\n{board.options()}{ASK}"}],
-        )
+        resp = await client.chat.completions.create(model=MODEL, max_tokens=6, temperature=temperature,
+                                                    messages=asked(board))
         answer = resp.choices[0].message.content or ""
         direction = parse_direction(answer)
         chances += any(board.merges(d) for d in board.legal())  # a turn where some move merges tiles
@@ -75,4 +78,4 @@ def merging(traj: art.Trajectory) -> float:
 
 
 REWARDS = [largest_tile, board, invalid_move, merging]
-__all__ = ["DIRECTIONS", "play", "REWARDS", "parse_direction"]
+__all__ = ["DIRECTIONS", "asked", "play", "REWARDS", "parse_direction"]

@@ -6,7 +6,7 @@ left, then right, then up, the first that moves), and a scripted one that takes 
 from __future__ import annotations
 
 import random
-from typing import Callable
+from typing import Callable, Optional
 
 from .game import Board
 
@@ -24,15 +24,18 @@ def merge_first(board: Board, rng: random.Random) -> str:
     return next((d for d in legal if board.merges(d)), legal[0])
 
 
-def play_with(policy: Callable[[Board, random.Random], str], seed: int, turns: int, draw: int = 0) -> dict:
+def play_with(policy: Callable[[Board, random.Random], str], seed: int, turns: int, draw: int = 0,
+              seen: Optional[Callable[[Board, str], None]] = None) -> dict:
     """The outcome the rollout would return, had ``policy`` chosen the moves (a random policy's
-    choices seeded by the board and ``draw``)."""
+    choices seeded by the board and ``draw``). ``seen`` is told each board and the move chosen."""
     board, rng, moves = Board(seed=seed), random.Random(f"{seed}/{draw}"), []
     chances = merged = 0
     for _ in range(turns):
         if board.over:
             break
         direction = policy(board, rng)
+        if seen is not None:
+            seen(board, direction)
         chances += any(board.merges(d) for d in board.legal())
         merged += board.merges(direction) > 0
         board.move(direction)

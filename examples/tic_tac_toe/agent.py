@@ -24,18 +24,21 @@ def parse_move(text: str) -> str | None:
     return (m.group(1).upper() + m.group(2)) if m else None
 
 
+def asked(game: Game) -> list[dict]:
+    """What the agent is asked each turn: the board, what it threatens, the free cells."""
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"Board:\n{game.render()}\n{game.threats()}Free: {' '.join(game.free())}\n"
+                                        f"Your move:"}]
+
+
 @art.rollout(name="tic-tac-toe")
 async def play(game: Game, temperature: float = 1.0) -> dict:
     game = Game(seed=game.seed, opponent=game.opponent)  # a fresh board each rollout
     rng = random.Random(game.seed)
     moves, chances, taken = [], 0, 0
     while game.winner() is None:
-        resp = await client.chat.completions.create(
-            model=MODEL, max_tokens=8, temperature=temperature,
-            messages=[{"role": "system", "content": SYSTEM},
-                      {"role": "user", "content": f"Board:\n{game.render()}\n{game.threats()}"
-                                                  f"Free: {' '.join(game.free())}\nYour move:"}],
-        )
+        resp = await client.chat.completions.create(model=MODEL, max_tokens=8, temperature=temperature,
+                                                    messages=asked(game))
         answer = resp.choices[0].message.content or ""
         move = parse_move(answer)
         # a chance: a line X completes now, else one O would complete next (a block)
@@ -75,4 +78,4 @@ def tactics(traj: art.Trajectory) -> float:
     return o.get("taken", 0) / o["chances"] if o.get("chances") else 1.0
 
 
-__all__ = ["CELLS", "play", "result", "legal_moves", "tactics", "parse_move"]
+__all__ = ["CELLS", "asked", "play", "result", "legal_moves", "tactics", "parse_move"]

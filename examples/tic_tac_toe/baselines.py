@@ -6,7 +6,7 @@ centre, a corner, or any cell."""
 from __future__ import annotations
 
 import random
-from typing import Callable
+from typing import Callable, Optional
 
 from .game import Game, opponent_move, winning_cells
 
@@ -30,14 +30,18 @@ def win_block_centre(game: Game, rng: random.Random) -> str:
     return rng.choice(free)
 
 
-def play_with(policy: Callable[[Game, random.Random], str], game: Game, draw: int = 0) -> dict:
+def play_with(policy: Callable[[Game, random.Random], str], game: Game, draw: int = 0,
+              seen: Optional[Callable[[Game, str], None]] = None) -> dict:
     """The outcome the rollout would return, had ``policy`` chosen X's moves (a random policy's
-    choices seeded by the game and ``draw``; the opponent's by the game alone)."""
+    choices seeded by the game and ``draw``; the opponent's by the game alone). ``seen`` is
+    told each position and the move chosen in it."""
     game = Game(seed=game.seed, opponent=game.opponent)
     rng, mine = random.Random(game.seed), random.Random(f"{game.seed}/{draw}")
     moves, chances, taken = [], 0, 0
     while game.winner() is None:
         move = policy(game, mine)
+        if seen is not None:
+            seen(game, move)
         must = winning_cells(game.board, "X") or winning_cells(game.board, "O")
         chances, taken = chances + bool(must), taken + (move in must)
         game.play(move, "X")
