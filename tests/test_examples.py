@@ -90,10 +90,36 @@ async def test_tic_tac_toe_rollout_counts_its_chances(art_store, monkeypatch):
         return next(moves)
 
     with MockServer(script=script) as server:
-        monkeypatch.setattr(ttt, "client", AsyncOpenAI(base_url=server.base_url, api_key="k"))
-        traj = await ttt.play.collect(game, temperature=0.0)
+        async with AsyncOpenAI(base_url=server.base_url, api_key="k") as client:
+            monkeypatch.setattr(ttt, "client", client)
+            traj = await ttt.play.collect(game, temperature=0.0)
     assert traj.outcome == scripted and scripted["chances"] >= 1
     assert any("O threatens to win at" in s or "You can win at" in s for s in seen)
+
+
+async def test_the_demonstrators_conversations_are_what_the_agent_is_asked(monkeypatch):
+    """The warm-up and the control train on the demonstrator's moves (a random legal one), each
+    asked exactly as the rollout asks it: a rollout playing those moves sends those prompts."""
+    from openai import AsyncOpenAI
+
+    from artsdk.testing.mock_server import MockServer
+    from examples.game_2048.train import scripted as scripted_2048
+    from examples.tic_tac_toe.train import make_scenarios, scripted
+
+    cfg = {"opponent": "blocker", "turns": 6}
+    game = make_scenarios(1, 5, cfg)[0]
+    shown = scripted([game], cfg)
+    assert {c["messages"][-1]["content"] for c in shown} <= set(ttt.CELLS) and len(shown) >= 3
+    for module, convs, run in ((ttt, shown, lambda: ttt.play.collect(game, temperature=0.0)),
+                               (g2048, scripted_2048([art.Args(7, turns=6)], cfg),
+                                lambda: g2048.play.collect(7, turns=6, temperature=0.0))):
+        answers = iter(c["messages"][-1]["content"] for c in convs)
+        with MockServer(script=lambda messages: next(answers)) as server:
+            async with AsyncOpenAI(base_url=server.base_url, api_key="k") as client:
+                monkeypatch.setattr(module, "client", client)
+                traj = await run()
+        assert [c.messages for c in traj.calls] == [c["messages"][:-1] for c in convs]
+        assert traj.outcome["invalid"] is None
 
 
 # -- 2048 -----------------------------------------------------------------------------------
@@ -135,12 +161,13 @@ def test_2048_scripted_players_and_the_rollout_count_merges(monkeypatch):
         seen.append(messages[-1]["content"])
         return f"You slide {next(moves)}."
 
-    async def play():
-        return await g2048.play.collect(7, turns=6, temperature=0.0)
+    async def play(url):
+        async with AsyncOpenAI(base_url=url, api_key="k") as client:
+            monkeypatch.setattr(g2048, "client", client)
+            return await g2048.play.collect(7, turns=6, temperature=0.0)
 
     with MockServer(script=script) as server:
-        monkeypatch.setattr(g2048, "client", AsyncOpenAI(base_url=server.base_url, api_key="k"))
-        traj = asyncio.run(play())
+        traj = asyncio.run(play(server.base_url))
     assert traj.outcome == scripted and "Moves that merge tiles: " in seen[0]
 
 
@@ -338,7 +365,7 @@ async def test_example_trains_end_to_end(name, engine, art_store, tmp_path, monk
     await client.close()
 
 
-@pytest.mark.parametrize("name", ["temporal_clue", "email_agent"])
+@pytest.mark.parametrize("name", ["temporal_clue", "email_agent", "tic_tac_toe", "game_2048"])
 async def test_a_control_run_trains_the_scripted_answers_to_the_same_scenarios(name, art_store, tmp_path, monkeypatch):
     """--control sft: after the same warm-up, each step is supervised on the scripted player's
     answers to the scenarios GRPO would have drawn; nothing is gathered for training."""
