@@ -20,7 +20,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -82,7 +81,8 @@ def one_run(url: str, worker: ArtWorker, rounds: int, block: int) -> list[dict[s
                 n = block // 2 if stream else block
                 t = ours(client, captured, stream, n) if who == "ours" else worker.block(captured, stream, n)
                 times[f"{who}_{'captured' if captured else 'plain'}"].append(t)
-        over = {who: [c - p for p, c in zip(times[f"{who}_plain"], times[f"{who}_captured"])] for who in ("ours", "art")}
+        over = {who: [c - p for p, c in zip(times[f"{who}_plain"], times[f"{who}_captured"])]
+                for who in ("ours", "art")}
         o, a = statistics.median(over["ours"]), statistics.median(over["art"])
         rows.append({"case": "streamed" if stream else "plain", "rounds": rounds,
                      "ours_uncaptured_ms": statistics.median(times["ours_plain"]) * 1e3,

@@ -68,7 +68,8 @@ def test_tic_tac_toe_rewards():
     assert [ttt.result(t) for t in (win, draw, loss, bad)] == [1.0, 0.5, 0.0, -0.5]
     assert ttt.legal_moves(draw) == 1.0 and ttt.legal_moves(bad) == 0.0
     # per move: the share of chances (a win to take, else a loss to block) taken; 1 where none arose
-    missed = trajectory(convo("A1"), outcome={"winner": "o", "invalid": None, "moves": ["A1"], "chances": 2, "taken": 1})
+    missed = trajectory(convo("A1"), outcome={"winner": "o", "invalid": None, "moves": ["A1"], "chances": 2,
+                                              "taken": 1})
     assert ttt.tactics(missed) == 0.5 and ttt.tactics(win) == 1.0
 
 
@@ -138,7 +139,8 @@ def test_2048_engine():
     # the moves spelled out: those that merge, those that only slide; one that changes nothing left out
     b = Board(cells=[2, 2, 0, 0] + [4, 0, 0, 0] + [0] * 8)
     assert [b.merges(d) for d in ("up", "down", "left", "right")] == [0, 0, 1, 1]
-    assert b.options() == "Moves that merge tiles: left, right.\nMoves that only slide tiles: down.\n"  # up moves nothing
+    # up moves nothing
+    assert b.options() == "Moves that merge tiles: left, right.\nMoves that only slide tiles: down.\n"
     assert Board(cells=[2, 4] + [0] * 14).options() == "Moves that only slide tiles: down, right.\n"
 
 

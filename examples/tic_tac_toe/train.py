@@ -42,8 +42,8 @@ def warmup(cfg: dict) -> list[dict]:
     return scripted([s for s in make_scenarios(2 * n, WARMUP, cfg) if key(s) not in banned][:n], cfg)
 
 
-EXAMPLE = Example("tic_tac_toe", Path(__file__).with_name("config.toml"), play, [result, legal_moves, tactics], make_scenarios,
-                  success=won, baselines=baselines, warmup=warmup, scripted=scripted, random_baselines=RANDOM)
+EXAMPLE = Example("tic_tac_toe", Path(__file__).with_name("config.toml"), play, [result, legal_moves, tactics],
+                  make_scenarios, success=won, baselines=baselines, warmup=warmup, scripted=scripted, random_baselines=RANDOM)
 
 if __name__ == "__main__":
     main(EXAMPLE)
