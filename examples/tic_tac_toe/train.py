@@ -43,7 +43,8 @@ def warmup(cfg: dict) -> list[dict]:
 
 
 EXAMPLE = Example("tic_tac_toe", Path(__file__).with_name("config.toml"), play, [result, legal_moves, tactics],
-                  make_scenarios, success=won, baselines=baselines, warmup=warmup, scripted=scripted, random_baselines=RANDOM)
+                  make_scenarios, success=won, baselines=baselines, warmup=warmup, scripted=scripted,
+                  random_baselines=RANDOM)
 
 if __name__ == "__main__":
     main(EXAMPLE)
