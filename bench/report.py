@@ -28,11 +28,29 @@ def section_capture(rs: list[dict]) -> list[str]:
         else:
             out.append(f"| {row['case']} | | | {row['overhead_us']:.1f} µs | |")
     out += ["", "Negative overheads are noise: the recording itself costs the \"record only\" rows' figures. A",
-            "conversation's later calls cost what its first does: the messages an earlier call sent are",
-            "copied once per rollout (the last rows).",
-            "For reference, OpenPipe ART's capture was measured at about 150 µs a call (370 µs",
-            "streaming) on this kind of machine (not in this run).", ""]
+            "conversation's later calls cost what its first does, answered whole or streamed: the messages",
+            "an earlier call sent are copied once per rollout, and a call is built without validating them",
+            "again (the last rows).", ""]
     return out
+
+
+def section_capture_vs_art(rs: list[dict]) -> list[str]:
+    r = rs[0]
+    out = ["## Capture beside OpenPipe ART's", "",
+           "`python -m bench.capture_vs_art --art-python .venv-art/bin/python` (ART in a venv of its own:",
+           "`python3.11 -m venv .venv-art && .venv-art/bin/pip install openpipe-art==0.5.18 \"openai==2.54.*\"`):",
+           "the same chat calls to one loopback server from both, each with and without its capture, in",
+           f"alternating rounds ({r['rounds']} a run, {r['block']} calls a block, half as many streamed); a",
+           "captured call is one rollout of one call in both (`@art.rollout`; ART's `AutoTrajectoryContext`,",
+           "what `capture_auto_trajectory` opens). The clients share one CPU, the server has the other.",
+           f"ART {r['art'].get('art', '?')} with openai {r['art'].get('openai', '?')}; artsdk with openai "
+           f"{r['openai']}. Target: artsdk's overhead at most 0.35 of ART's.", "",
+           "| calls | artsdk's overhead | ART's overhead | ratio, mean ± sd over runs | each run |",
+           "|---|---|---|---|---|"]
+    for row in r["summary"]:
+        out.append(f"| {row['case']} | +{row['ours_overhead_us']:.0f} µs | +{row['art_overhead_us']:.0f} µs | "
+                   f"{row['mean_ratio']:.2f} ± {row['sd']:.2f} | {', '.join(f'{x:.2f}' for x in row['ratios'])} |")
+    return out + [""]
 
 
 def section_store(rs: list[dict]) -> list[str]:
@@ -468,6 +486,7 @@ PROBES = [
 # (result files, in the order their rows appear) -> the section rendering them
 SECTIONS = [
     (("capture",), section_capture),
+    (("capture_vs_art",), section_capture_vs_art),
     (("store",), section_store),
     (("train_throughput_tiny", "train_throughput"), section_train),
     (("inference",), section_inference),
