@@ -19,17 +19,24 @@ EXAMPLES = {
                 "1 for the right label alone, less for the right label inside a sentence, 0 otherwise",
                 'base_model = "Qwen/Qwen2.5-3B-Instruct"\nbackend_options = {device = "cuda"}\nsteps = 20'),
     "tic_tac_toe": ("Tic-tac-toe",
-                    "The model plays X against an opponent, one move per call, shown the board and the free cells.",
+                    "The model plays X against an opponent that wins when it can and blocks when it must, one "
+                    "move per call, shown the board, the free cells and, spelled out, any cell where it wins "
+                    "now or where O would win next. It first warms up on a demonstrator's games (a random "
+                    "legal cell each move: legal play, no tactics).",
                     "won",
                     "win 1, draw 0.5, loss 0, an illegal or unreadable move -0.5 (and the game ends); "
-                    "+0.02 a legal move",
+                    "+0.02 a legal move; + 0.25 x the share of chances taken (a win there to take, else a "
+                    "loss to block), a credit per move",
                     'base_model = "Qwen/Qwen2.5-3B-Instruct"\nbackend_options = {device = "cuda"}\n'
-                    'opponent = "minimax"\nsteps = 50\nscenarios_per_step = 16\ngroup_size = 8'),
+                    'steps = 50\nscenarios_per_step = 16\ngroup_size = 8'),
     "game_2048": ("2048",
-                  "The model plays 2048, one direction per call, shown the board.",
+                  "The model plays 2048, one direction per call, shown the board and, spelled out, which "
+                  "moves merge tiles and which only slide them. It first warms up on a demonstrator's games "
+                  "(a random move that changes the board: legal play, no plan).",
                   "every move readable and moving something, to the turn limit or the game's end",
                   "log2(largest tile)/11 + 0.5 x log-scaled board total; -0.5 for an unreadable or useless move "
-                  "(the game ends)",
+                  "(the game ends); + 0.1 x the share of turns that merged tiles where a move could, a credit "
+                  "per move",
                   'base_model = "Qwen/Qwen2.5-7B-Instruct"\nbackend_options = {device = "cuda", engine = "vllm"}\n'
                   'turns = 200\nsteps = 60\nscenarios_per_step = 16\ngroup_size = 8'),
     "temporal_clue": ("Temporal Clue",
