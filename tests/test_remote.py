@@ -255,7 +255,7 @@ def test_example_script_runs_unchanged_on_either_backend(where, tmp_path):
     try:
         out = subprocess.run(
             [sys.executable, "-m", "examples.tic_tac_toe.train", "--steps", "1", "--base-model", "tiny",
-             "--eval-games", "2", "--scenarios-per-step", "2", "--group-size", "2"],
+             "--eval-games", "2", "--scenarios-per-step", "2", "--group-size", "2", "--warmup", "0"],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     finally:
         if server:
