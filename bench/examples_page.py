@@ -201,9 +201,11 @@ def examples_page() -> None:
              "`python -m bench.examples <name>` produced every table and picture here; `--model-url URL",
              "--model NAME` adds any OpenAI-compatible model as one more row.", "",
              "What to expect of a 135M model on a CPU: it learns formats, legal moves and short exact",
-             "answers within minutes, and a tool-calling routine once shown a few conversations; it does",
-             "not learn to out-plan a scripted player. Each config's difficulty knobs (turns, puzzle size,",
-             "the warm-up) are set for the CPU; the GPU recipes keep the full tasks.", ""]
+             "answers within minutes, and a tool-calling routine once shown a few conversations. Beyond a",
+             "demonstrator it goes only where the observation spells out what matters (tic-tac-toe's",
+             "threats, 2048's merging moves), and not on every seed: the sections say which. Each config's",
+             "difficulty knobs (turns, puzzle size, the warm-up) are set for the CPU; the GPU recipes keep",
+             "the full tasks.", ""]
     for key in EXAMPLES:
         lines += example_section(key, load(f"example_{key}"))
     (DOCS / "examples.md").write_text("\n".join(lines))
