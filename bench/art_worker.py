@@ -21,7 +21,7 @@ from openai import OpenAI
 PATCHED = ("iter_bytes", "aiter_bytes", "close", "aclose")
 ORIGINAL = {name: getattr(httpx.Response, name) for name in PATCHED}
 
-import art  # noqa: E402  (patches httpx.Response on import)
+import art  # noqa: E402,F401  (patches httpx.Response on import)
 from art.auto_trajectory import AutoTrajectoryContext  # noqa: E402
 
 ART = {name: getattr(httpx.Response, name) for name in PATCHED}
@@ -54,8 +54,9 @@ def run(client: OpenAI, captured: bool, stream: bool, n: int) -> float:
 
 def main() -> None:
     client = OpenAI(base_url=sys.argv[1], api_key="k", max_retries=0)
-    print(json.dumps({"art": getattr(art, "__version__", "?"), "openai": __import__("openai").__version__}),
-          flush=True)
+    from importlib.metadata import version
+
+    print(json.dumps({"art": version("openpipe-art"), "openai": version("openai")}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)
         print(json.dumps({"seconds": run(client, cmd["captured"], cmd["stream"], cmd["n"])}), flush=True)

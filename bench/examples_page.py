@@ -115,7 +115,7 @@ def example_section(key: str, r: Optional[dict]) -> list[str]:
     n = runs[0].get("eval_scenarios", cfg.get("eval_games", 16))
     out += [f"On the CPU ({r['machine']}): {grpo} GRPO steps of {cfg['scenarios_per_step']} scenarios x "
             f"{cfg['group_size']} rollouts"
-            + (f" after a supervised warm-up on {cfg['warmup']} of the scripted baseline's conversations"
+            + (f" after a supervised warm-up on {cfg['warmup']} scenarios' scripted conversations"
                if cfg.get("warmup") else "")
             + f", {n} held-out scenarios "
             + (f"played once each at temperature {cfg['eval_temperature']}" if cfg.get("eval_temperature")
