@@ -42,7 +42,7 @@ async def play(seed: int, turns: int = MAX_TURNS, temperature: float = 1.0) -> d
                                                     messages=asked(board))
         answer = resp.choices[0].message.content or ""
         direction = parse_direction(answer)
-        chances += any(board.merges(d) for d in board.legal())  # a turn where some move merges tiles
+        chances += board.can_merge()  # a turn where some move merges tiles
         if direction is None or not board.can_move(direction):
             # part of the game: an unreadable or useless move ends it, and is penalized
             return {"max_tile": board.max_tile, "cells": board.cells, "moves": moves, "invalid": answer[:40],

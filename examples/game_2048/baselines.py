@@ -36,7 +36,7 @@ def play_with(policy: Callable[[Board, random.Random], str], seed: int, turns: i
         direction = policy(board, rng)
         if seen is not None:
             seen(board, direction)
-        chances += any(board.merges(d) for d in board.legal())
+        chances += board.can_merge()
         merged += board.merges(direction) > 0
         board.move(direction)
         moves.append(direction)

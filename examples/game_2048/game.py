@@ -80,6 +80,10 @@ class Board:
         """How many merges sliding this way makes (tiles it joins)."""
         return sum(1 for v in self.cells if v) - sum(1 for v in self._moved(direction)[0] if v)
 
+    def can_merge(self) -> bool:
+        """Whether some move merges tiles."""
+        return any(self.merges(d) for d in self.legal())
+
     def options(self) -> str:
         """The moves spelled out for a reader that cannot see the board's lines: those that
         merge tiles, and those that only slide them (a move that changes nothing is left out)."""

@@ -9,7 +9,7 @@ from openai import AsyncOpenAI
 
 import artsdk as art
 
-from .game import CELLS, Game, opponent_move, winning_cells
+from .game import CELLS, Game, opponent_move
 
 client = AsyncOpenAI(base_url="http://127.0.0.1:1/v1", api_key="unused")  # routed by art.session
 MODEL = "ttt-agent"
@@ -42,7 +42,7 @@ async def play(game: Game, temperature: float = 1.0) -> dict:
         answer = resp.choices[0].message.content or ""
         move = parse_move(answer)
         # a chance: a line X completes now, else one O would complete next (a block)
-        must = winning_cells(game.board, "X") or winning_cells(game.board, "O")
+        must = game.urgent()
         chances += bool(must)
         taken += move in must
         if move is None or move not in game.free():

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from typing import Callable, Optional
 
-from .game import Game, opponent_move, winning_cells
+from .game import Game, opponent_move
 
 
 def random_cell(game: Game, rng: random.Random) -> str:
@@ -21,7 +21,7 @@ def first_free(game: Game, rng: random.Random) -> str:
 
 def win_block_centre(game: Game, rng: random.Random) -> str:
     free = game.free()
-    tactical = winning_cells(game.board, "X") or winning_cells(game.board, "O")  # win, else block
+    tactical = game.urgent()  # win, else block
     if tactical:
         return tactical[0]
     for cell in ("B2", "A1", "A3", "C1", "C3"):
@@ -42,7 +42,7 @@ def play_with(policy: Callable[[Game, random.Random], str], game: Game, draw: in
         move = policy(game, mine)
         if seen is not None:
             seen(game, move)
-        must = winning_cells(game.board, "X") or winning_cells(game.board, "O")
+        must = game.urgent()
         chances, taken = chances + bool(must), taken + (move in must)
         game.play(move, "X")
         moves.append(move)

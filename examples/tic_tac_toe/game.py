@@ -42,6 +42,11 @@ class Game:
         """"x", "o", "draw", or None while the game goes on."""
         return winner_of(tuple(self.board))
 
+    def urgent(self) -> list[str]:
+        """The cells a move must take now: where X completes a line, else where O would next
+        (a block); none when neither."""
+        return winning_cells(self.board, "X") or winning_cells(self.board, "O")
+
     def threats(self) -> str:
         """What the position threatens, spelled out for a reader that cannot see lines (one
         line each, none when nothing is threatened): the cells where X completes a line now,
