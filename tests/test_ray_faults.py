@@ -41,11 +41,11 @@ def backend(tmp_path, **options):
                          "trainer_resources": {"trainer_slot": 1}, **options})
 
 
-async def wait_until(check, seconds=180.0):
+async def wait_until(check, seconds=180.0, poll=0.5):
     deadline = time.monotonic() + seconds
     while not check():
         assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(poll)
 
 
 async def test_a_replica_node_lost_during_rollouts(cluster, tmp_path):
@@ -63,7 +63,11 @@ async def test_a_replica_node_lost_during_rollouts(cluster, tmp_path):
             before = be.status()["m"]["replicas"]
             # rollouts under way, then one replica's node goes; a fresh node can take its place
             gathering = asyncio.ensure_future(art.gather(talk, [f"q {i}" for i in range(16)], group_size=4))
-            await asyncio.sleep(1.0)
+            # remove the node while every replica has calls in flight (a fixed sleep lost the race on a
+            # fast machine: the rollouts were over before the node went, and nothing had to be sent again)
+            await wait_until(lambda: gathering.done() or all(r["inflight"] for r in be.status()["m"]["replicas"]),
+                             poll=0.02)
+            assert not gathering.done(), "the rollouts ended before both replicas had calls in flight"
             c.remove_node(nodes[0])
             nodes[0] = c.add_node(num_cpus=1, resources={"replica_slot": 1})
             groups = await gathering
