@@ -176,13 +176,13 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
                 continue
             print(f"step {run.step + 1}: gathering {cfg['scenarios_per_step']} x {cfg['group_size']} rollouts...",
                   flush=True)
-            scenarios = at_temperature(rollout, drawn, cfg.get("temperature"))  # the config's sampling temperature
-            groups = await art.gather(rollout, scenarios, group_size=cfg["group_size"], rewards=rewards)
+            groups, sampled = await gathered(cfg, rollout, rewards, make_scenarios, held_out, start + i, drawn)
             mean = sum(t.reward for g in groups for t in g.scored) / max(1, sum(len(g.scored) for g in groups))
             label = run.step + 1
             result = await run.train(groups)
-            history.append({"step": result.step, "reward": mean, **result.metrics})
-            print_step(label, mean, result)
+            history.append({"step": result.step, "reward": mean, **sampled, **result.metrics})
+            print_step(label, mean, result, f"  ({sampled['scenarios_drawn']} scenarios drawn, "
+                                            f"{sampled['groups_dropped']} tied groups dropped)" if sampled else "")
             every = cfg.get("eval_every", 0)
             if every and (i + 1) % every == 0 and i + 1 < target - start:  # the held-out curve, on the way
                 mean, rate, _ = await evaluate(rollout, held_out, rewards, success, eval_t, run)
@@ -207,6 +207,24 @@ async def train(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any],
             "each": {k: v for k, v in per.items() if v is not None}, "control": control}
 
 
+async def gathered(cfg: dict[str, Any], rollout: art.Rollout, rewards: list[Any], make_scenarios: Callable,
+                   held_out: list[Any], step: int, drawn: list[Any]) -> tuple[list[art.Group], dict[str, int]]:
+    """A GRPO step's groups. With the config's ``dynamic_sampling`` (DAPO's), scenarios are
+    drawn on from the step's own stream (``drawn`` first, then the ones after it, up to
+    ``dynamic_sampling`` times as many) until ``scenarios_per_step`` groups have rewards that
+    differ: a step where most games tie still trains on a full batch, not on the one or two
+    groups left (whose update is as large and far noisier). The second value says what it took."""
+    times, n = cfg.get("dynamic_sampling", 0), cfg["scenarios_per_step"]
+    if not times or times <= 1:
+        return await art.gather(rollout, at_temperature(rollout, drawn, cfg.get("temperature")),
+                                group_size=cfg["group_size"], rewards=rewards), {}
+    more = streams.training(make_scenarios, int(times * n), cfg.get("seed", 0), step, cfg, held_out)
+    pool = drawn + [s for s in more if streams.key(s) not in {streams.key(d) for d in drawn}]
+    got = await art.gather(rollout, at_temperature(rollout, pool, cfg.get("temperature")), group_size=cfg["group_size"],
+                           rewards=rewards, signal_groups=n, max_scenarios=len(pool))
+    return got, {"scenarios_drawn": got.drawn, "groups_dropped": got.dropped}
+
+
 def print_step(label: int, mean: float, result: Any, extra: str = "") -> None:
     m = result.metrics
     print(f"step {label}: reward {mean:.3f}  loss {m.get('loss', 0):+.4f}  "
@@ -224,9 +242,12 @@ async def pipelined(run: Any, cfg: dict[str, Any], rollout: art.Rollout, rewards
     sequential loop's, step for step (no evaluation on the way: only before and after)."""
     start = run.step
 
-    def scenarios() -> Any:
+    n, times = cfg["scenarios_per_step"], cfg.get("dynamic_sampling", 0)
+    dynamic = {"signal_groups": n, "max_scenarios": int(times * n)} if times and times > 1 else {}
+
+    def scenarios() -> Any:  # with dynamic sampling, each step's stream is longer and read on as needed
         for i in range(steps):
-            yield from at_temperature(rollout, streams.training(make_scenarios, cfg["scenarios_per_step"],
+            yield from at_temperature(rollout, streams.training(make_scenarios, dynamic.get("max_scenarios", n),
                                                                 cfg.get("seed", 0), start + i, cfg, held_out),
                                       cfg.get("temperature"))
 
@@ -235,7 +256,7 @@ async def pipelined(run: Any, cfg: dict[str, Any], rollout: art.Rollout, rewards
     history = []
     label = start
     async for result in run.loop(rollout, scenarios(), group_size=cfg["group_size"], rewards=rewards, steps=steps,
-                                 scenarios_per_step=cfg["scenarios_per_step"], max_policy_lag=lag):
+                                 scenarios_per_step=n, max_policy_lag=lag, **dynamic):
         label += 1
         mean = result.metrics.get("reward_mean", float("nan"))
         history.append({"step": result.step, "reward": mean, **result.metrics})
