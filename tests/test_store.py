@@ -70,6 +70,28 @@ def test_filters_count_and_prefix_lookup(tmp_path, store_url):
     store.close()
 
 
+def test_each_way_of_reading_brings_each_trajectory_its_own_calls(tmp_path, store_url):
+    # all of them (the other tables read whole), more than 500 (looked up by the SELECT as a
+    # subquery) and a page (looked up by id): each comes back as it was saved, calls and all
+    store = art.Store(store_url)
+    saved = [trajectory([{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}],
+                        token_ids=[i, i + 1], rewards={"r": i / 100}, project="p" if i < 520 else "q", model="m",
+                        step=i % 4) for i in range(540)]
+    for i, t in enumerate(saved):
+        t.started_at = t.started_at.fromtimestamp(1_700_000_000 + i, t.started_at.tzinfo)
+    store.save(saved)
+    by_id = {t.id: t.model_dump() for t in saved}
+    reads = {"all": store.trajectories(), "over 500": store.trajectories(project="p"),
+             "a page": store.trajectories(project="p", newest_first=True, limit=7, offset=3),
+             "one step": store.trajectories(project="q", step=2)}
+    assert [len(v) for v in reads.values()] == [540, 520, 7, 5]
+    assert [t.id for t in reads["a page"]] == [t.id for t in saved[516:509:-1]]
+    for label, got in reads.items():
+        for t in got:
+            assert t.model_dump() == by_id[t.id], label
+    store.close()
+
+
 def test_export_jsonl_and_iterate(tmp_path, store_url):
     store = art.Store(store_url)
     store.save([multi_turn(project="p") for _ in range(5)])

@@ -40,21 +40,38 @@ def select_trajectories(
     return q
 
 
-def load(engine: sa.engine.Engine, q: sa.Select, where: str) -> list[Trajectory]:
-    """The trajectories a trajectory-row SELECT finds, with their calls, choices and rewards."""
+# up to this many trajectories, their calls, choices and rewards are looked up by their ids
+# (a page of the viewer, one group); more, by the trajectory SELECT again as a subquery
+_BY_IDS = 500
+
+
+def load(engine: sa.engine.Engine, q: sa.Select, where: str, every: bool = False) -> list[Trajectory]:
+    """The trajectories a trajectory-row SELECT finds, with their calls, choices and rewards.
+    ``every``: the SELECT finds every trajectory, so the other tables are read whole (scanned:
+    twice as fast as looking each row up by an IN (subquery))."""
     try:
         with engine.connect() as conn:
             rows = fetch(engine, conn, q)
             if not rows[1]:
                 return []
-            wanted = sa.select(q.subquery().c.id)
-            children = []
-            for table in T.TRAJECTORY_CHILDREN:
-                tt = table.__table__
-                children.append(fetch(engine, conn, sa.select(tt).where(tt.c.trajectory_id.in_(wanted))))
+            children = [_children(engine, conn, table.__table__, q, rows, every) for table in T.TRAJECTORY_CHILDREN]
     except sa.exc.DatabaseError as e:
         raise StoreError(f"cannot read store {where}: {e.orig}") from None
     return build_trajectories(rows, children[0], children[1], children[2])
+
+
+def _children(engine: sa.engine.Engine, conn: sa.Connection, tt: sa.Table, q: sa.Select, rows: Table,
+              every: bool) -> Table:
+    """The rows of ``tt`` (calls, choices or rewards) of the trajectories in ``rows``."""
+    if every:
+        return fetch(engine, conn, sa.select(tt))
+    if len(rows[1]) > _BY_IDS:
+        return fetch(engine, conn, sa.select(tt).where(tt.c.trajectory_id.in_(sa.select(q.subquery().c.id))))
+    ids = [r[rows[0]["id"]] for r in rows[1]]
+    if engine.dialect.name != "sqlite":
+        return fetch(engine, conn, sa.select(tt).where(tt.c.trajectory_id.in_(ids)))
+    # the SQL as text: compiling a SELECT costs more than running it on a page of trajectories
+    return _run(conn, f"SELECT * FROM {tt.name} WHERE trajectory_id IN ({', '.join('?' * len(ids))})", ids)
 
 
 def fetch(engine: sa.engine.Engine, conn: sa.Connection, q: sa.Select) -> Table:
@@ -66,10 +83,14 @@ def fetch(engine: sa.engine.Engine, conn: sa.Connection, q: sa.Select) -> Table:
     # and a read of thousands of trajectories is mostly rows
     compiled = q.compile(dialect=engine.dialect, compile_kwargs={"render_postcompile": True})
     params = compiled.construct_params()
-    args = [params[name] for name in (compiled.positiontup or ())]
+    return _run(conn, str(compiled), [params[name] for name in (compiled.positiontup or ())])
+
+
+def _run(conn: sa.Connection, sql: str, args: list[Any]) -> Table:
+    """An SQLite SELECT on sqlite3's own cursor."""
     cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
     try:
-        cursor.execute(str(compiled), args)
+        cursor.execute(sql, args)
         cols = {d[0]: i for i, d in enumerate(cursor.description)}
         return cols, cursor.fetchall()
     finally:

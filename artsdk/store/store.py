@@ -204,7 +204,8 @@ class Store:
         q = q.order_by(order, t.c.id).offset(offset)
         if limit is not None:
             q = q.limit(limit)
-        return load(self._engine, q, self._where)
+        every = q.whereclause is None and limit is None and not offset
+        return load(self._engine, q, self._where, every=every)
 
     def get(self, trajectory_id: str) -> Trajectory:
         """One trajectory by id (a unique prefix of at least 6 characters also works)."""
