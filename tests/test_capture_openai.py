@@ -300,3 +300,22 @@ def test_each_call_records_the_conversation_it_sent_even_when_the_agent_edits_it
     assert third.messages[:3] == second.messages and third.messages[0]["content"] == "first"
     assert fourth.messages[0]["content"] == "[cut]" and len(fourth.messages) == 7  # what was sent
     assert first.messages[0]["content"] == "first"  # and the earlier calls keep what they sent
+
+
+def test_a_recorded_call_is_built_as_model_construct_builds_it():
+    # capture builds each call with records.constructed (pydantic's model_construct, faster):
+    # the same fields in the same order, the same fields set, fresh lists for what was not given
+    from artsdk.trajectory.records import Choice, LLMCall, constructed
+
+    given = {"provider": "openai", "model": "m", "messages": user("hi"), "latency": 0.5,
+             "choices": [Choice(message={"role": "assistant", "content": "yo"}, token_ids=[1])]}
+    ours, theirs = constructed(LLMCall, **given), LLMCall.model_construct(**given)
+    assert list(ours.__dict__.items()) == list(theirs.__dict__.items())
+    assert ours.model_fields_set == theirs.model_fields_set == set(given)
+    assert ours.model_extra == theirs.model_extra == {} and ours == theirs
+    assert ours.model_dump(exclude_unset=True) == theirs.model_dump(exclude_unset=True)
+    a, b = constructed(LLMCall), constructed(LLMCall)
+    a.params["k"] = 1
+    assert b.params == {} and a.messages is not b.messages and a.choices is not b.choices
+    extra = constructed(LLMCall, model="m", cost=3)  # a field it does not declare: kept as pydantic keeps it
+    assert extra.model_extra == {"cost": 3} and extra.model == "m"

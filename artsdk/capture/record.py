@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Optional
 
-from ..trajectory.records import Choice, LLMCall, as_message
+from ..trajectory.records import Choice, LLMCall, as_message, constructed
 from .current import current_recorder
 
 # Request keys that are not sampling parameters (or cannot be stored as JSON).
@@ -85,8 +85,8 @@ def extra_field(obj: Any, key: str) -> Any:
     if isinstance(obj, dict):
         return obj.get(key)
     extra = getattr(obj, "__pydantic_extra__", None)
-    if extra is not None:
-        return extra.get(key)
+    if extra is not None:  # a pydantic object: asking it for a missing attribute costs an exception
+        return extra[key] if key in extra else obj.__dict__.get(key)  # (a field a newer client declares)
     return getattr(obj, key, None)  # litellm's objects keep extra fields as attributes
 
 
@@ -128,10 +128,7 @@ def _token_logprobs(choice: Any) -> tuple[Optional[list[float]], Optional[list[s
 
 
 def _token_ids(choice: Any, tokens: Optional[list[str]]) -> Optional[list[int]]:
-    ids = getattr(choice, "token_ids", None)
-    if ids is None:
-        extra = getattr(choice, "model_extra", None) or {}
-        ids = extra.get("token_ids")
+    ids = extra_field(choice, "token_ids")
     return list(ids) if ids is not None else _ids_in_tokens(tokens)
 
 
@@ -181,14 +178,13 @@ def from_response(
                    token_ids=_token_ids(c, tokens), logprobs=logprobs)
         )
     served_by = getattr(resp, "model", None)
-    extra = getattr(resp, "model_extra", None) or {}
     # built without validating the messages again: they are the plain dicts ``copied`` made, and
     # validating them would copy every message of the conversation on every call
-    return LLMCall.model_construct(
-        provider=provider, model=model, messages=messages, tools=tools, params=params,
+    return constructed(
+        LLMCall, provider=provider, model=model, messages=messages, tools=tools, params=params,
         choices=choices, served_by=served_by, step=served_step(served_by),
         usage=_usage(resp), latency=latency,
-        prompt_token_ids=extra.get("prompt_token_ids") or getattr(resp, "prompt_token_ids", None),
+        prompt_token_ids=extra_field(resp, "prompt_token_ids"),
     )
 
 
@@ -213,9 +209,8 @@ class StreamAccumulator:
             self.served_by = hidden.get("provider_response_model") or getattr(chunk, "model", None)
         if getattr(chunk, "usage", None) is not None:
             self.usage = _usage(chunk)
-        extra = getattr(chunk, "model_extra", None) or {}
-        if self.prompt_token_ids is None and extra.get("prompt_token_ids"):
-            self.prompt_token_ids = extra["prompt_token_ids"]
+        if self.prompt_token_ids is None:
+            self.prompt_token_ids = extra_field(chunk, "prompt_token_ids") or None
         for c in chunk.choices or ():
             st = self.choices.get(c.index or 0)
             if st is None:
@@ -247,9 +242,7 @@ class StreamAccumulator:
             if lps:
                 st["logprobs"].extend(lps)
                 st["tokens"].extend(toks or ())
-            ids = getattr(c, "token_ids", None)
-            if ids is None:
-                ids = (getattr(c, "model_extra", None) or {}).get("token_ids")
+            ids = extra_field(c, "token_ids")
             if ids:
                 st["token_ids"].extend(ids)
 
@@ -279,8 +272,8 @@ class StreamAccumulator:
             )
         # built without validating the messages again, as ``from_response`` builds a call: a
         # streamed turn 20 costs what turn 1 does
-        return LLMCall.model_construct(
-            provider=self.provider, model=model, messages=messages, tools=tools, params=params,
+        return constructed(
+            LLMCall, provider=self.provider, model=model, messages=messages, tools=tools, params=params,
             choices=choices, served_by=self.served_by, step=served_step(self.served_by),
             usage=self.usage, prompt_token_ids=self.prompt_token_ids, latency=latency,
             stream=True, incomplete=incomplete, error=error,

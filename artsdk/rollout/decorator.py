@@ -26,9 +26,10 @@ import anyio
 
 from ..backend import current_session
 from ..capture import Recorder, current_recorder
+from ..config import settings
 from ..errors import CaptureError, RewardError
 from ..rewards.functions import RewardLike, score
-from ..trajectory.records import ErrorInfo, Trajectory, utcnow
+from ..trajectory.records import ErrorInfo, Trajectory, constructed, utcnow
 from .reconcile import note_changed_history, with_endpoint_record
 
 log = logging.getLogger("artsdk")
@@ -56,8 +57,6 @@ class Args:
 
 
 def _context_fields() -> dict[str, Any]:
-    from ..config import settings
-
     run = current_session()
     if run is not None:
         return {"project": run.model.project, "model": run.model.name, "run": run.run_id, "step": run.step}
@@ -130,8 +129,6 @@ class Rollout(Generic[R]):
     def _keeps(plain: bool) -> bool:
         """Whether a rollout's trajectory is stored: always when collected or gathered; a plain
         call's when recording is on or a session is open."""
-        from ..config import settings
-
         return not plain or bool(settings().record_calls) or current_session() is not None
 
     # -- trajectories -----------------------------------------------------------------
@@ -141,7 +138,8 @@ class Rollout(Generic[R]):
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
             raise TypeError(f"rollout {self.name!r}: {e}") from None
-        return Trajectory(rollout=self.name, scenario=dict(bound.arguments), **_context_fields())
+        # unvalidated: every field here is one artsdk made (a plain call of a rollout costs less)
+        return constructed(Trajectory, rollout=self.name, scenario=dict(bound.arguments), **_context_fields())
 
     @contextmanager
     def _recording(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, plain: bool = False,
