@@ -338,7 +338,9 @@ async def test_example_trains_end_to_end(name, engine, art_store, tmp_path, monk
 
     cfg = load_config(example.config, ["--steps", "2", "--base-model", "tiny", "--eval-games", "2",
                                        "--scenarios-per-step", "2", "--group-size", "2"])
-    cfg.update(warmup=2, eval_every=1)  # a short warm-up where the example has one; the held-out curve
+    # a short warm-up where the example has one; the held-out curve; no dynamic sampling (a tied
+    # group would draw more games than the count below: its own test has rewards that tie on purpose)
+    cfg.update(warmup=2, eval_every=1, dynamic_sampling=0)
     art.configure(backend_options={"device": "cpu", "home": str(tmp_path / "home"), "engine": engine})
     rewards = [*(example.rewards_for(cfg) if example.rewards_for else example.rewards), first_token]
     result = await train(cfg, example.rollout, rewards, example.make_scenarios, success=lambda t: True,
@@ -403,6 +405,47 @@ async def test_a_control_run_trains_the_scripted_answers_to_the_same_scenarios(n
     trajs = art_store.trajectories(project=cfg["project"])
     assert len(trajs) == 2 * 3  # evaluations only (before, after the warm-up, after): no rollout was trained
     assert art_store.steps(cfg["project"], cfg["model"])[-1]["step"] == 3
+    await client.close()
+
+
+async def test_dynamic_sampling_fills_each_step_with_groups_that_differ(art_store, tmp_path, monkeypatch):
+    """dynamic_sampling = k: a step draws on from its own stream (its usual scenarios first) until
+    scenarios_per_step groups have rewards that differ; the tied ones are stored, not trained."""
+    import importlib
+
+    from openai import AsyncOpenAI
+
+    from examples import streams
+    from examples.runner import load_config, train
+
+    agent_module = importlib.import_module("examples.tic_tac_toe.agent")
+    client = AsyncOpenAI(base_url="http://127.0.0.1:1/v1", api_key="unused")
+    monkeypatch.setattr(agent_module, "client", client)
+    example = importlib.import_module("examples.tic_tac_toe.train").EXAMPLE
+
+    @art.reward
+    def ties_on_even_seeds(t: art.Trajectory) -> float:  # a group on an even-seeded game has no signal
+        return 0.0 if t.scenario["game"].seed % 2 == 0 else float(t.group_index)
+
+    cfg = load_config(example.config, ["--steps", "2", "--base-model", "tiny", "--eval-games", "2",
+                                       "--scenarios-per-step", "2", "--group-size", "2", "--warmup", "0",
+                                       "--eval-every", "0"])
+    cfg.update(dynamic_sampling=4)
+    art.configure(backend_options={"device": "cpu", "home": str(tmp_path / "home")})
+    result = await train(cfg, example.rollout, [ties_on_even_seeds], example.make_scenarios)
+    held = streams.held_out(example.make_scenarios, cfg)
+    for step, h in enumerate(result["history"]):
+        pool = streams.training(example.make_scenarios, 8, 0, step, cfg, held)
+        assert [g.seed for g in pool[:2]] == [g.seed for g in streams.training(example.make_scenarios, 2, 0, step,
+                                                                                cfg, held)]  # its usual ones first
+        odd = [i for i, g in enumerate(pool) if g.seed % 2]
+        assert len(odd) >= 2, "the test needs two odd seeds among the first 8"
+        drawn = odd[1] + 1  # drawn in rounds until two groups differ
+        assert h["groups_trained"] == 2 and h["groups_skipped"] == 0, h
+        assert (h["scenarios_drawn"], h["groups_dropped"]) == (drawn, drawn - 2)
+        seeds = {g.seed for g in pool[:drawn]}
+        stored = [t for t in art_store.trajectories(project=cfg["project"]) if t.scenario["game"]["seed"] in seeds]
+        assert len(stored) == 2 * drawn  # the tied groups are stored too
     await client.close()
 
 
