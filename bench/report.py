@@ -79,7 +79,8 @@ def section_train(rs: list[dict]) -> list[str]:
            "row budget, computing logits where the step does (only at trained tokens): the like-for-like",
            "limit, what the step costs without its GRPO bookkeeping. Beside it, a plain causal-LM loss",
            "over one long row with logits at every position (a reference: other work, not a limit).",
-           "Threads pinned (the `threads` the run printed). Target: at least 95% of the limit; padding",
+           "Threads pinned (the `threads` the run printed). The ratio is of the medians over rounds, beside",
+           "the standard deviation of each round's own ratio. Target: at least 95% of the limit; padding",
            "waste under 10%.", "",
            "| model | tokens/step | artsdk | limit | ratio | plain causal-LM fwd+bwd | ratio | step / with checkpoint | padding (packed / one row per trajectory) |",
            "|---|---|---|---|---|---|---|---|---|"]
@@ -89,7 +90,8 @@ def section_train(rs: list[dict]) -> list[str]:
         call = r.get("artsdk_call_seconds")
         full = r.get("bare_full_logits_tokens_per_s")
         out.append(f"| {r['model'].split('/')[-1]} | {r['tokens_per_step']:.0f} | {r['artsdk_tokens_per_s']:,.0f} tok/s | "
-                   f"{r['bare_tokens_per_s']:,.0f} tok/s | {r['ratio']:.2f} | "
+                   f"{r['bare_tokens_per_s']:,.0f} tok/s | {r['ratio']:.2f}"
+                   + (f" ± {r['ratio_sd']:.2f} ({len(r['ratios'])} rounds)" if r.get("ratios") else "") + " | "
                    f"{'%s tok/s' % format(full, ',.0f') if full else '-'} | "
                    f"{'%.2f' % r['ratio_full_logits'] if full else '-'} | "
                    f"{r['artsdk_seconds']:.2f} s / {'%.2f s' % call if call else '-'} | "
