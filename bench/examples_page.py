@@ -202,8 +202,10 @@ def examples_page() -> None:
              "--model NAME` adds any OpenAI-compatible model as one more row.", "",
              "What to expect of a 135M model on a CPU: it learns formats, legal moves and short exact",
              "answers within minutes, and a tool-calling routine once shown a few conversations. Beyond a",
-             "demonstrator it goes only where the observation spells out what matters (tic-tac-toe's",
-             "threats, 2048's merging moves), and not on every seed: the sections say which. Each config's",
+             "demonstrator it goes where the observation spells out what matters (tic-tac-toe's threats,",
+             "2048's merging moves), on both seeds; tic-tac-toe held on both only once each step trained on",
+             "groups that differ (dynamic sampling). Where a demonstrator already solves the task (the email",
+             "agent's), imitating it beats reinforcement at this scale; the section says why. Each config's",
              "difficulty knobs (turns, puzzle size, the warm-up) are set for the CPU; the GPU recipes keep",
              "the full tasks.", ""]
     for key in EXAMPLES:
