@@ -45,13 +45,16 @@ def load_config(path: Path, argv: Sequence[str] | None) -> dict[str, Any]:
                          "model, earlier checkpoints moved aside)")
     ap.add_argument("--max-policy-lag", type=int, help="gather the next steps' rollouts while a step trains "
                                                         "(run.loop), no trained token more than this many steps old")
+    ap.add_argument("--dynamic-sampling", type=float, help="draw up to this many times scenarios_per_step "
+                                                            "scenarios a step until that many groups have rewards "
+                                                            "that differ (DAPO's dynamic sampling; 0: off)")
     ap.add_argument("--control", choices=["sft"], help="instead of GRPO, train each step supervised on the "
                                                        "scripted answers to the same scenarios (what GRPO adds is "
                                                        "measured against this), where the example has them")
     a = ap.parse_args(argv)
     cfg = tomllib.loads(a.config.read_text())
     for key in ("steps", "base_model", "group_size", "scenarios_per_step", "eval_games", "eval_every", "warmup", "out",
-                "resume", "seed", "control", "max_policy_lag"):
+                "resume", "seed", "control", "max_policy_lag", "dynamic_sampling"):
         if getattr(a, key) is not None:
             cfg[key] = getattr(a, key)
     return cfg

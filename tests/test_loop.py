@@ -135,10 +135,33 @@ async def test_dynamic_sampling_fills_a_step_with_groups_that_have_signal(art_st
     assert (groups.drawn, groups.dropped) == (6, 3)  # 0..5 drawn, the even ones dropped
     capped = await art.gather(agent, iter([0, 2, 4, 6, 8, 1]), group_size=2, rewards=[mixed], signal_groups=2,
                               max_scenarios=4)
-    assert list(capped) == [] and (capped.drawn, capped.dropped) == (4, 4)
+    assert [g.scenario for g in capped] == [0, 2, 4, 6] and all(g.no_signal for g in capped)  # none had signal
+    assert (capped.drawn, capped.dropped) == (4, 0)
     assert art_store.count() == 2 * (6 + 4)  # every group stored, those dropped too
     with pytest.raises(art.RolloutError, match="max_scenarios"):
         await art.gather(agent, [1], signal_groups=3, max_scenarios=2)
+
+
+async def test_a_step_where_no_group_has_signal_moves_nothing_and_the_loop_goes_on(tmp_path, art_store):
+    @art.rollout
+    def agent(i: int) -> int:
+        return i
+
+    @art.reward
+    def tied(t: art.Trajectory) -> float:
+        return 1.0
+
+    be, model = await backend(tmp_path, "tied")
+    async with art.session(model, backend=be) as run:
+        results = [r async for r in run.loop(agent, iter(range(100)), group_size=2, rewards=[tied], steps=2,
+                                             scenarios_per_step=2, signal_groups=2, max_scenarios=3)]
+        alone = await run.train(await art.gather(agent, iter(range(9)), group_size=2, rewards=[tied],
+                                                 signal_groups=1, max_scenarios=2))
+    await be.close()
+    assert [(r.trained, r.step) for r in results + [alone]] == [(False, 0)] * 3
+    assert all("equal rewards" in r.reason for r in results + [alone])
+    assert [r.metrics["loop/scenarios_drawn"] for r in results] == [3, 3]
+    assert art_store.count(project="loop") == 2 * (3 + 3 + 2)
 
 
 async def test_requests_are_answered_between_a_steps_rows_and_the_step_is_unchanged(tmp_path, art_store):

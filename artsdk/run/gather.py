@@ -58,8 +58,9 @@ async def gather(
       been stored.
     - Dynamic sampling: with ``signal_groups=N``, scenarios are drawn from ``scenarios`` (an
       iterable, endless or not) until N groups have signal (rewards that differ), at most
-      ``max_scenarios`` of them (4 N by default); only groups with signal are returned. The
-      result's ``drawn`` and ``dropped`` say what that took; every group is stored.
+      ``max_scenarios`` of them (4 N by default); only groups with signal are returned (when
+      none had any, the tied groups are, so a step on them says there was nothing to learn).
+      The result's ``drawn`` and ``dropped`` say what that took; every group is stored.
 
     ``store`` is an ``art.Store``, or ``False`` to keep nothing (tests, dry runs).
     """
@@ -171,14 +172,16 @@ async def gather(
 async def _with_signal(rollout: Rollout[Any], scenarios: Iterable[Any], wanted: int, cap: Optional[int],
                        **options: Any) -> Gathered:
     """Gather rounds of scenarios drawn from ``scenarios`` until ``wanted`` groups have signal
-    (or ``cap`` scenarios were drawn, or there are no more): DAPO's dynamic sampling."""
+    (or ``cap`` scenarios were drawn, or there are no more): DAPO's dynamic sampling. When no
+    group drawn had signal, the tied groups come back after all: a step on them moves nothing
+    and says why (``run.train``'s ``reason``), where an empty batch would be no step at all."""
     if wanted < 1:
         raise RolloutError(f"signal_groups must be at least 1, got {wanted}")
     cap = 4 * wanted if cap is None else cap
     if cap < wanted:
         raise RolloutError(f"max_scenarios ({cap}) must be at least signal_groups ({wanted})")
     source = iter(scenarios)
-    out = Gathered()
+    out, tied = Gathered(), []
     while len(out) < wanted and out.drawn < cap:
         take = min(wanted - len(out), cap - out.drawn)
         batch = [s for _, s in zip(range(take), source)]
@@ -186,11 +189,16 @@ async def _with_signal(rollout: Rollout[Any], scenarios: Iterable[Any], wanted: 
             break  # the scenarios ran out
         got = await gather(rollout, batch, **options)
         out.drawn += len(batch)
-        out.dropped += sum(1 for g in got if g.no_signal)
+        tied += [g for g in got if g.no_signal]
         out.extend(g for g in got if not g.no_signal)
     if len(out) < wanted:
-        log.warning("%s: %d of the %d groups with signal asked for, after drawing %d scenarios (%d dropped for "
-                    "having none)", rollout.name, len(out), wanted, out.drawn, out.dropped)
+        log.warning("%s: %d of the %d groups with signal asked for, after drawing %d scenarios (%d had none)%s",
+                    rollout.name, len(out), wanted, out.drawn, len(tied),
+                    "" if out else "; the tied groups are returned, and a step on them moves nothing")
+    if out:
+        out.dropped = len(tied)
+    else:
+        out.extend(tied)
     return out
 
 
