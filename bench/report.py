@@ -61,10 +61,17 @@ def section_store(rs: list[dict]) -> list[str]:
             "(with token ids, logprobs and two rewards each), written as `art.gather` writes them "
             "(a submission per group of 8) and read back as `Trajectory` objects, next to raw `sqlite3` "
             "`executemany` of the same, already serialized rows into the same schema and a raw read "
-            "that only decodes the JSON columns. Target: at least 50% of the raw limit.", "",
-            "| | artsdk | raw sqlite3 | ratio |", "|---|---|---|---|",
-            f"| write | {r['artsdk_write_per_s']:,.0f} traj/s | {r['raw_write_per_s']:,.0f} traj/s | {r['write_ratio']:.2f} |",
-            f"| read | {r['artsdk_read_per_s']:,.0f} traj/s | {r['raw_read_per_s']:,.0f} traj/s | {r['read_ratio']:.2f} |",
+            "that only decodes the JSON columns. Figures of the median of the runs (each the best of 3); "
+            "every run's ratio beside them. Target: 0.8 of the raw limit.", "",
+            "| | artsdk | raw sqlite3 | ratio | each run |", "|---|---|---|---|---|",
+            f"| write | {r['artsdk_write_per_s']:,.0f} traj/s | {r['raw_write_per_s']:,.0f} traj/s | {r['write_ratio']:.2f} | "
+            f"{', '.join('%.2f' % x['write_ratio'] for x in r.get('runs', [r]))} |",
+            f"| read | {r['artsdk_read_per_s']:,.0f} traj/s | {r['raw_read_per_s']:,.0f} traj/s | {r['read_ratio']:.2f} | "
+            f"{', '.join('%.2f' % x['read_ratio'] for x in r.get('runs', [r]))} |",
+            "", *(["The target is not met yet. A write serialises each trajectory's rows (about 20 µs: its JSON "
+                   "columns) and inserts them (about 25 µs, as fast as the raw limit, which is given them "
+                   "serialised); a read builds the `Trajectory` objects the raw read does not.", ""]
+                  if min(r["write_ratio"], r["read_ratio"]) < 0.8 else []),
             "", *([f"The newest 50 trajectories of one project in a store of {r['page_trajectories']:,}: "
                    f"{r['newest_page_s'] * 1000:.1f} ms through `Store.trajectories(..., newest_first=True)` "
                    f"(the SELECT alone in sqlite3: {r['raw_page_s'] * 1000:.1f} ms; target under 50 ms).", ""]

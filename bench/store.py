@@ -1,7 +1,7 @@
 """Store throughput: write and read back 10,000 trajectories of 10 messages, next to raw
 ``sqlite3`` ``executemany`` of the very same rows into the same schema (the limit).
 
-    python -m bench.store [--n 10000] [--page 100000]
+    python -m bench.store [--n 10000] [--page 100000] [--runs 3]
 
 "artsdk" starts from Trajectory objects and ends with them committed (write), or starts
 from the file and ends with Trajectory objects (read). "raw sqlite3" gets the rows already
@@ -139,35 +139,41 @@ def newest_page(folder: Path, n: int, repeat: int = 20) -> dict[str, float]:
     return {"page_trajectories": n, "newest_page_s": sorted(times)[repeat // 2], "raw_page_s": sorted(raw)[repeat // 2]}
 
 
+def one_run(trajs: list[art.Trajectory], n: int, group: int, repeat: int) -> dict[str, float]:
+    """Write and read with artsdk and raw sqlite3 in turn, ``repeat`` times; the best of each."""
+    best: dict[str, list[float]] = {"artsdk": [1e9, 1e9], "raw": [1e9, 1e9]}
+    for _ in range(repeat):
+        with tempfile.TemporaryDirectory() as d:
+            w, r = bench_artsdk(trajs, Path(d), group)
+            best["artsdk"] = [min(best["artsdk"][0], w), min(best["artsdk"][1], r)]
+            w, r = bench_raw(trajs, Path(d))
+            best["raw"] = [min(best["raw"][0], w), min(best["raw"][1], r)]
+    return {"trajectories": n, "messages_each": 10,
+            "artsdk_write_per_s": n / best["artsdk"][0], "raw_write_per_s": n / best["raw"][0],
+            "artsdk_read_per_s": n / best["artsdk"][1], "raw_read_per_s": n / best["raw"][1],
+            "write_ratio": best["raw"][0] / best["artsdk"][0], "read_ratio": best["raw"][1] / best["artsdk"][1]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--page", type=int, default=100_000, help="trajectories in the store the newest page is read from")
+    ap.add_argument("--runs", type=int, default=3, help="whole measurements (each the best of --repeat): their spread")
     a = ap.parse_args()
     trajs = make(a.n)
-    best: dict[str, list[float]] = {"artsdk": [1e9, 1e9], "raw": [1e9, 1e9]}
-    for _ in range(a.repeat):
-        with tempfile.TemporaryDirectory() as d:
-            w, r = bench_artsdk(trajs, Path(d), a.group)
-            best["artsdk"] = [min(best["artsdk"][0], w), min(best["artsdk"][1], r)]
-            w, r = bench_raw(trajs, Path(d))
-            best["raw"] = [min(best["raw"][0], w), min(best["raw"][1], r)]
-    result = {
-        "trajectories": a.n, "messages_each": 10,
-        "artsdk_write_per_s": a.n / best["artsdk"][0], "raw_write_per_s": a.n / best["raw"][0],
-        "artsdk_read_per_s": a.n / best["artsdk"][1], "raw_read_per_s": a.n / best["raw"][1],
-    }
+    runs = [one_run(trajs, a.n, a.group, a.repeat) for _ in range(a.runs)]
+    result = sorted(runs, key=lambda r: r["write_ratio"])[len(runs) // 2]  # the median run's figures
+    result["runs"] = [{"write_ratio": r["write_ratio"], "read_ratio": r["read_ratio"]} for r in runs]
     with tempfile.TemporaryDirectory() as d:
         result.update(newest_page(Path(d), a.page))
-    result["write_ratio"] = result["artsdk_write_per_s"] / result["raw_write_per_s"]
-    result["read_ratio"] = result["artsdk_read_per_s"] / result["raw_read_per_s"]
     save_result("store", result)
+    each = {k: ", ".join(f"{r[k]:.2f}" for r in result["runs"]) for k in ("write_ratio", "read_ratio")}
     print(f"write: artsdk {result['artsdk_write_per_s']:,.0f} traj/s, raw sqlite3 "
-          f"{result['raw_write_per_s']:,.0f} traj/s, ratio {result['write_ratio']:.2f}")
+          f"{result['raw_write_per_s']:,.0f} traj/s, ratio {result['write_ratio']:.2f} (runs: {each['write_ratio']})")
     print(f"read:  artsdk {result['artsdk_read_per_s']:,.0f} traj/s, raw sqlite3 "
-          f"{result['raw_read_per_s']:,.0f} traj/s, ratio {result['read_ratio']:.2f}")
+          f"{result['raw_read_per_s']:,.0f} traj/s, ratio {result['read_ratio']:.2f} (runs: {each['read_ratio']})")
     print(f"newest 50 of one project in {a.page:,} trajectories: {result['newest_page_s'] * 1000:.1f} ms "
           f"(the SELECT alone in sqlite3: {result['raw_page_s'] * 1000:.1f} ms)")
 
