@@ -194,3 +194,32 @@ def test_the_cut_tool_call_warning_is_only_for_answers_cut_inside_a_tool_call(ca
     inside = art.Group(trajectories=[cut('Let me look. <tool_call>{"name": "sear')])
     _report("agent", [prose, inside])
     assert "1 of 2 answers offered tools were cut at max_tokens" in caplog.text
+
+
+async def test_a_rollout_names_its_scenario_as_binding_the_arguments_would(art_store):
+    """The scenario is the call's arguments by name, as inspect binds them -- whatever the
+    signature (defaults, keyword-only, positional-only, *args, **kwargs) -- and a call the
+    function could not take is refused with the rollout's name, nothing run."""
+    import inspect
+
+    ns: dict = {}
+    exec("def posonly(a, /, b): return a\ndef posonly_default(a, b=2, /): return a", ns)
+    functions = [lambda a: a, lambda a, b=1: a, lambda a, *, c: a, lambda a, b=1, *, c: a,
+                 lambda a, *rest: a, lambda a, **kw: a, lambda: 0, lambda a, *, c=2: a,
+                 ns["posonly"], ns["posonly_default"]]
+    checked = 0
+    for k, fn in enumerate(functions):
+        agent = art.rollout(name=f"f{k}")(fn)
+        for args in [(), (1,), (1, 2), (1, 2, 3)]:
+            for kwargs in [{}, {"c": 3}, {"b": 5}]:
+                try:
+                    want = dict(inspect.signature(fn).bind(*args, **kwargs).arguments)
+                except TypeError:
+                    with pytest.raises(TypeError, match=f"rollout 'f{k}'"):
+                        await agent.collect(*args, **kwargs)
+                    continue
+                t = await agent.collect(*args, **kwargs)
+                assert t.scenario == want, (k, args, kwargs)
+                checked += 1
+    assert checked == 20
+    assert art_store.count() == checked

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import os
 import threading
-from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .cassette import current_cassette
 from .current import current_recorder  # re-exported: defined below record.py, which reads it too
@@ -112,32 +111,39 @@ def _late(rec: Recorder, call: Optional[LLMCall], model: Any = None) -> None:
 inside_call: ContextVar[bool] = ContextVar("artsdk_inside_call", default=False)
 
 
-@contextmanager
-def one_call(provider: str, kwargs: dict[str, Any],
-             request: Callable[[dict[str, Any]], Any]) -> Iterator[tuple[Optional[Recorder], float, int]]:
-    """Around one patched LLM call inside a rollout: yields (the rollout's recorder, the
+class one_call:  # noqa: N801 - used as a function: ``with one_call(...) as (rec, t0, slot):``
+    """Around one patched LLM call inside a rollout: gives (the rollout's recorder, the
     start time, the call's slot: its number in the order calls are made); marks the call as
     running (``inside_call``); if it raises, records it as a failed call
     (``request(kwargs)`` reads its model, messages, tools and params) and notes a misspelt
-    model name on the exception."""
-    rec = current_recorder.get()
-    if rec is not None and rec.pid != os.getpid():
-        rec = None  # a forked child: its calls reach the rollout by its art.rollout_env() URL, if at all
-    slot = rec.reserve() if rec is not None and not rec.closed else -1
-    if rec is not None and slot < 0:  # the rollout has returned: said here (and by the endpoint, as late)
-        _late(rec, None, kwargs.get("model"))
-        rec = None
-    token = inside_call.set(True)
-    t0 = perf_counter()
-    try:
-        yield rec, t0, slot
-    except BaseException as exc:
-        if rec is not None:
-            rec.fill(slot, failed_call(provider, kwargs, exc, perf_counter() - t0, request(kwargs)))
-        hint_misspelt_model(exc, kwargs.get("model"))
-        raise
-    finally:
-        inside_call.reset(token)
+    model name on the exception. (A class: it runs on every call, and a generator-based
+    context manager costs several times what it does.)"""
+
+    __slots__ = ("provider", "kwargs", "request", "rec", "slot", "t0", "token")
+
+    def __init__(self, provider: str, kwargs: dict[str, Any], request: Callable[[dict[str, Any]], Any]) -> None:
+        self.provider, self.kwargs, self.request = provider, kwargs, request
+
+    def __enter__(self) -> tuple[Optional[Recorder], float, int]:
+        rec = current_recorder.get()
+        if rec is not None and rec.pid != os.getpid():
+            rec = None  # a forked child: its calls reach the rollout by its art.rollout_env() URL, if at all
+        slot = rec.reserve() if rec is not None and not rec.closed else -1
+        if rec is not None and slot < 0:  # the rollout has returned: said here (and by the endpoint, as late)
+            _late(rec, None, self.kwargs.get("model"))
+            rec = None
+        self.rec, self.slot = rec, slot
+        self.token = inside_call.set(True)
+        self.t0 = perf_counter()
+        return rec, self.t0, slot
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        inside_call.reset(self.token)
+        if exc is not None:
+            if self.rec is not None:
+                self.rec.fill(self.slot, failed_call(self.provider, self.kwargs, exc, perf_counter() - self.t0,
+                                                      self.request(self.kwargs)))
+            hint_misspelt_model(exc, self.kwargs.get("model"))
 
 
 @dataclass(frozen=True)

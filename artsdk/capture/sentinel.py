@@ -14,9 +14,8 @@ trains on a partial record without anyone knowing.
 from __future__ import annotations
 
 import re
-from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from ..errors import CaptureError
 from .context import ROLLOUT_HEADER, current_recorder, inside_call, routes
@@ -33,15 +32,18 @@ ESCAPED = "an LLM call escaped capture"
 judged: ContextVar[bool] = ContextVar("artsdk_judged", default=False)
 
 
-@contextmanager
-def sending_judged() -> Iterator[None]:
+class sending_judged:  # noqa: N801 - used as a function: ``with sending_judged():``
     """Around a library sending a request its sentinel has judged: the sentinels under it let
-    it pass."""
-    token = judged.set(True)
-    try:
-        yield
-    finally:
-        judged.reset(token)
+    it pass. (A class: it runs on every request, and a generator-based context manager costs
+    several times the variable it sets.)"""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self) -> None:
+        self._token = judged.set(True)
+
+    def __exit__(self, *exc: Any) -> None:
+        judged.reset(self._token)
 
 
 def check(method: str, url: str, path: str, library: str, headers: Optional[Mapping[str, Any]] = None) -> None:

@@ -9,12 +9,11 @@ the transport (``_send_single_request``) as it came, judged once, here.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
-from .context import inside_call
-from .sentinel import check, sending_judged
+from .context import current_recorder, inside_call
+from .sentinel import check, judged
 
 # whether a patched call was running when the request now being sent entered ``send``
 _sent_inside: ContextVar[Optional[bool]] = ContextVar("artsdk_sent_inside", default=None)
@@ -44,60 +43,70 @@ def unpatch(module: Any) -> None:
 
 
 def _check(request: Any, library: str) -> None:
+    if inside_call.get():
+        return  # a patched call sending (the usual case): nothing to judge, no URL to spell out
     check(request.method, str(request.url), request.url.path, f"a {library} client", request.headers)
 
 
-@contextmanager
-def _hooks_run_as_the_agent() -> Iterator[None]:
-    """Around ``send``: no patched call running, and whether one was kept for the transport."""
-    tokens = _sent_inside.set(inside_call.get()), inside_call.set(False)
-    try:
-        yield
-    finally:
-        inside_call.reset(tokens[1])
-        _sent_inside.reset(tokens[0])
-
-
-@contextmanager
-def _the_request_as_it_came() -> Iterator[None]:
-    """Around the transport: the request as ``send`` was given it, judged once already."""
-    token = inside_call.set(bool(_sent_inside.get()))
-    try:
-        with sending_judged():
-            yield
-    finally:
-        inside_call.reset(token)
-
+# Inline, not context managers: capture runs these on every call, and a generator-based context
+# manager costs several times the two variables it sets. Outside a rollout there is nothing to do.
 
 def _sync_send(orig: Callable[..., Any], library: str) -> Callable[..., Any]:
     def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        _check(request, library)
-        with _hooks_run_as_the_agent():
+        if current_recorder.get() is None:
             return orig(self, request, *args, **kwargs)
+        _check(request, library)
+        # the client's event hooks run as the agent (no patched call running); the transport learns
+        # whether one was
+        sent, running = _sent_inside.set(inside_call.get()), inside_call.set(False)
+        try:
+            return orig(self, request, *args, **kwargs)
+        finally:
+            inside_call.reset(running)
+            _sent_inside.reset(sent)
 
     return send
 
 
 def _async_send(orig: Callable[..., Any], library: str) -> Callable[..., Any]:
     async def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        _check(request, library)
-        with _hooks_run_as_the_agent():
+        if current_recorder.get() is None:
             return await orig(self, request, *args, **kwargs)
+        _check(request, library)
+        sent, running = _sent_inside.set(inside_call.get()), inside_call.set(False)  # as in _sync_send
+        try:
+            return await orig(self, request, *args, **kwargs)
+        finally:
+            inside_call.reset(running)
+            _sent_inside.reset(sent)
 
     return send
 
 
 def _sync_transport(orig: Callable[..., Any], library: str) -> Callable[..., Any]:
     def send_single(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        with _the_request_as_it_came():
+        if current_recorder.get() is None:
             return orig(self, request, *args, **kwargs)
+        # the request as ``send`` was given it, judged there once: the sentinels below let it pass
+        running, judging = inside_call.set(bool(_sent_inside.get())), judged.set(True)
+        try:
+            return orig(self, request, *args, **kwargs)
+        finally:
+            judged.reset(judging)
+            inside_call.reset(running)
 
     return send_single
 
 
 def _async_transport(orig: Callable[..., Any], library: str) -> Callable[..., Any]:
     async def send_single(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        with _the_request_as_it_came():
+        if current_recorder.get() is None:
             return await orig(self, request, *args, **kwargs)
+        running, judging = inside_call.set(bool(_sent_inside.get())), judged.set(True)  # as in _sync_transport
+        try:
+            return await orig(self, request, *args, **kwargs)
+        finally:
+            judged.reset(judging)
+            inside_call.reset(running)
 
     return send_single

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import itertools
 import logging
 import os
 from contextlib import contextmanager, nullcontext
@@ -69,6 +70,19 @@ def _inside_kept_rollout() -> bool:
     return outer is not None and outer.kept and outer.pid == os.getpid()
 
 
+def _positional(signature: inspect.Signature) -> tuple[list[str], int]:
+    """(the leading positional-or-keyword parameters, how many of them a call must give): a
+    call with between those many positional arguments and all of them, and nothing else, binds
+    them one to one -- its scenario is a zip, without inspect's bind. A function with another
+    parameter that must be given gets (no names, 1): never that way."""
+    params = list(signature.parameters.values())
+    names = [p.name for p in itertools.takewhile(lambda p: p.kind is p.POSITIONAL_OR_KEYWORD, params)]
+    rest = params[len(names):]
+    if any(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.KEYWORD_ONLY) for p in rest):
+        return [], 1
+    return names, sum(1 for p in params[:len(names)] if p.default is p.empty)
+
+
 class Rollout(Generic[R]):
     """A decorated agent function. Calling it behaves exactly like the function; ``collect``
     and ``art.gather`` run it and return trajectories."""
@@ -82,6 +96,7 @@ class Rollout(Generic[R]):
         self.rewards = list(rewards)
         self.is_async = inspect.iscoroutinefunction(fn)
         self.signature = inspect.signature(fn)
+        self._positional = _positional(self.signature)
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
@@ -134,12 +149,16 @@ class Rollout(Generic[R]):
     # -- trajectories -----------------------------------------------------------------
 
     def _new(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trajectory:
-        try:
-            bound = self.signature.bind(*args, **kwargs)
-        except TypeError as e:
-            raise TypeError(f"rollout {self.name!r}: {e}") from None
+        names, required = self._positional
+        if not kwargs and required <= len(args) <= len(names):  # the usual call: what bind would give
+            scenario = dict(zip(names, args))
+        else:
+            try:
+                scenario = dict(self.signature.bind(*args, **kwargs).arguments)
+            except TypeError as e:
+                raise TypeError(f"rollout {self.name!r}: {e}") from None
         # unvalidated: every field here is one artsdk made (a plain call of a rollout costs less)
-        return constructed(Trajectory, rollout=self.name, scenario=dict(bound.arguments), **_context_fields())
+        return constructed(Trajectory, rollout=self.name, scenario=scenario, **_context_fields())
 
     @contextmanager
     def _recording(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, plain: bool = False,
