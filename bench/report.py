@@ -61,7 +61,7 @@ def section_store(rs: list[dict]) -> list[str]:
             "(with token ids, logprobs and two rewards each), written as `art.gather` writes them "
             "(a submission per group of 8) and read back as `Trajectory` objects, next to raw `sqlite3` "
             "`executemany` of the same, already serialized rows into the same schema and a raw read "
-            "that only decodes the JSON columns. Figures of the median of the runs (each the best of 3); "
+            "that only decodes the JSON columns. Each row's figures are its median run's (each run the best of 3); "
             "every run's ratio beside them. Target: 0.8 of the raw limit.", "",
             "| | artsdk | raw sqlite3 | ratio | each run |", "|---|---|---|---|---|",
             f"| write | {r['artsdk_write_per_s']:,.0f} traj/s | {r['raw_write_per_s']:,.0f} traj/s | {r['write_ratio']:.2f} | "

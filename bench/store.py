@@ -164,7 +164,9 @@ def main() -> None:
     a = ap.parse_args()
     trajs = make(a.n)
     runs = [one_run(trajs, a.n, a.group, a.repeat) for _ in range(a.runs)]
-    result = sorted(runs, key=lambda r: r["write_ratio"])[len(runs) // 2]  # the median run's figures
+    # each row's figures from its median run (by that row's ratio): the write's and the read's may differ
+    mid = {k: sorted(runs, key=lambda r: r[f"{k}_ratio"])[len(runs) // 2] for k in ("write", "read")}
+    result = {**mid["write"], **{k: v for k, v in mid["read"].items() if "read" in k}}
     result["runs"] = [{"write_ratio": r["write_ratio"], "read_ratio": r["read_ratio"]} for r in runs]
     with tempfile.TemporaryDirectory() as d:
         result.update(newest_page(Path(d), a.page))
