@@ -223,3 +223,40 @@ async def test_a_rollout_names_its_scenario_as_binding_the_arguments_would(art_s
                 checked += 1
     assert checked == 20
     assert art_store.count() == checked
+
+
+async def test_a_plain_call_keeps_how_it_ended_whether_it_returned_raised_or_was_stopped(server, art_store):
+    """A plain (sync) call of a rollout, with recording on: the trajectory stored says what the
+    call returned, the error it raised (raised on, as it was), or that it was stopped (Ctrl-C),
+    each with the call it made; ids are random UUIDs (version 4), each its own."""
+    import uuid
+
+    client = OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+
+    @art.rollout
+    def agent(how: str) -> str:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": how}])
+        if how == "raise":
+            raise ValueError("the tool broke")
+        if how == "stop":
+            raise KeyboardInterrupt
+        return how.upper()
+
+    art.configure(record_calls=True, store=str(art_store.path))
+    assert agent("fine") == "FINE"
+    with pytest.raises(ValueError, match="the tool broke"):
+        agent("raise")
+    with pytest.raises(KeyboardInterrupt):
+        agent("stop")
+    art.default_store().flush()
+    got = {t.scenario["how"]: t for t in art_store.trajectories()}
+    assert got["fine"].outcome == "FINE" and got["fine"].error is None
+    assert got["raise"].error.type == "ValueError" and "the tool broke" in got["raise"].error.message
+    assert got["stop"].error.type == "Interrupted" and "KeyboardInterrupt" in got["stop"].error.message
+    for how, t in got.items():
+        assert [c.messages[-1]["content"] for c in t.calls] == [how]
+        assert t.ended_at >= t.started_at and t.duration > 0 and "outcome" in t.model_fields_set
+        assert uuid.UUID(hex=t.id).version == 4 and uuid.UUID(hex=t.id).hex == t.id
+    ids = {art.Trajectory().id for _ in range(10_000)}
+    assert len(ids) == 10_000 and all(uuid.UUID(hex=i).version == 4 for i in list(ids)[:100])
+    client.close()

@@ -92,7 +92,7 @@ def extra_field(obj: Any, key: str) -> Any:
 
 def served_step(served_by: Optional[str]) -> Optional[int]:
     """``"agent@3"`` -> 3: artsdk backends name the adapter step that answered."""
-    if served_by:
+    if served_by and "@" in served_by:
         m = _STEP.search(served_by)
         if m:
             return int(m.group(1))
@@ -173,10 +173,9 @@ def from_response(
         if refusal:
             msg["refusal"] = refusal
         logprobs, tokens = _token_logprobs(c)
-        choices.append(
-            Choice(index=c.index or 0, message=msg, finish_reason=c.finish_reason,
-                   token_ids=_token_ids(c, tokens), logprobs=logprobs)
-        )
+        # unvalidated: the message is the plain dict made above, the rest read from the client's types
+        choices.append(constructed(Choice, index=c.index or 0, message=msg, finish_reason=c.finish_reason,
+                                   token_ids=_token_ids(c, tokens), logprobs=logprobs))
     served_by = getattr(resp, "model", None)
     # built without validating the messages again: they are the plain dicts ``copied`` made, and
     # validating them would copy every message of the conversation on every call
@@ -202,6 +201,8 @@ class StreamAccumulator:
         self.done = False
 
     def add(self, chunk: Any) -> None:
+        # runs on every chunk: what most chunks carry (a delta's content, a token's logprob and
+        # id) is read inline, without a helper call per field
         if self.served_by is None:
             # litellm streams rename chunk.model to the requested model; the server's
             # answer (name@step) is kept in its hidden params
@@ -212,9 +213,10 @@ class StreamAccumulator:
         if self.prompt_token_ids is None:
             self.prompt_token_ids = extra_field(chunk, "prompt_token_ids") or None
         for c in chunk.choices or ():
-            st = self.choices.get(c.index or 0)
+            i = c.index or 0
+            st = self.choices.get(i)
             if st is None:
-                st = self.choices[c.index or 0] = {
+                st = self.choices[i] = {
                     "role": "assistant", "content": [], "tool_calls": {}, "finish_reason": None,
                     "logprobs": [], "tokens": [], "token_ids": [],
                 }
@@ -222,29 +224,41 @@ class StreamAccumulator:
             if d is not None:
                 if getattr(d, "role", None):
                     st["role"] = d.role
-                if getattr(d, "content", None):
-                    st["content"].append(d.content)
-                for tc in getattr(d, "tool_calls", None) or ():
-                    slot = st["tool_calls"].setdefault(
-                        tc.index or 0, {"id": None, "type": "function",
-                                        "function": {"name": "", "arguments": ""}})
-                    if tc.id:
-                        slot["id"] = tc.id
-                    fn = tc.function
-                    if fn is not None:
-                        if fn.name:
-                            slot["function"]["name"] += fn.name
-                        if fn.arguments:
-                            slot["function"]["arguments"] += fn.arguments
+                content = getattr(d, "content", None)
+                if content:
+                    st["content"].append(content)
+                tool_calls = getattr(d, "tool_calls", None)
+                if tool_calls:
+                    self._add_tool_calls(st["tool_calls"], tool_calls)
             if c.finish_reason:
                 st["finish_reason"] = c.finish_reason
-            lps, toks = _token_logprobs(c)
-            if lps:
-                st["logprobs"].extend(lps)
-                st["tokens"].extend(toks or ())
-            ids = extra_field(c, "token_ids")
+            lp = getattr(c, "logprobs", None)
+            if lp is not None:
+                lps, toks = _token_logprobs(c)
+                if lps:
+                    st["logprobs"].extend(lps)
+                    st["tokens"].extend(toks or ())
+            extra = getattr(c, "__pydantic_extra__", None)  # as extra_field reads it, inline
+            if extra is not None:
+                ids = extra["token_ids"] if "token_ids" in extra else c.__dict__.get("token_ids")
+            else:
+                ids = extra_field(c, "token_ids")
             if ids:
                 st["token_ids"].extend(ids)
+
+    @staticmethod
+    def _add_tool_calls(slots: dict[int, dict[str, Any]], tool_calls: Any) -> None:
+        for tc in tool_calls:
+            slot = slots.setdefault(tc.index or 0, {"id": None, "type": "function",
+                                                   "function": {"name": "", "arguments": ""}})
+            if tc.id:
+                slot["id"] = tc.id
+            fn = tc.function
+            if fn is not None:
+                if fn.name:
+                    slot["function"]["name"] += fn.name
+                if fn.arguments:
+                    slot["function"]["arguments"] += fn.arguments
 
     @property
     def finished(self) -> bool:
@@ -266,10 +280,8 @@ class StreamAccumulator:
             if st["tool_calls"]:
                 msg["tool_calls"] = [st["tool_calls"][k] for k in sorted(st["tool_calls"])]
             ids = st["token_ids"] or _ids_in_tokens(st["tokens"])
-            choices.append(
-                Choice(index=i, message=msg, finish_reason=st["finish_reason"],
-                       token_ids=ids or None, logprobs=st["logprobs"] or None)
-            )
+            choices.append(constructed(Choice, index=i, message=msg, finish_reason=st["finish_reason"],
+                                       token_ids=ids or None, logprobs=st["logprobs"] or None))
         # built without validating the messages again, as ``from_response`` builds a call: a
         # streamed turn 20 costs what turn 1 does
         return constructed(

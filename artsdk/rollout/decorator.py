@@ -19,9 +19,9 @@ import inspect
 import itertools
 import logging
 import os
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from time import perf_counter
-from typing import Any, Awaitable, Callable, Generic, Iterator, Optional, Sequence, TypeVar, Union, overload
+from typing import Any, Awaitable, Callable, Generic, Optional, Sequence, TypeVar, Union, overload
 
 import anyio
 
@@ -30,7 +30,7 @@ from ..capture import Recorder, current_recorder
 from ..config import settings
 from ..errors import CaptureError, RewardError
 from ..rewards.functions import RewardLike, score
-from ..trajectory.records import ErrorInfo, Trajectory, constructed, utcnow
+from ..trajectory.records import ErrorInfo, Trajectory, assigned, constructed, utcnow
 from .reconcile import note_changed_history, with_endpoint_record
 
 log = logging.getLogger("artsdk")
@@ -107,38 +107,40 @@ class Rollout(Generic[R]):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.is_async:
             return self._call_async(args, kwargs)
-        traj: Optional[Trajectory] = None
         in_kept = _inside_kept_rollout()
+        recording = _Recording(self, args, kwargs, plain=True)
         try:
-            with self._recording(args, kwargs, plain=True) as traj:
-                traj.outcome = self.fn(*args, **kwargs)
+            with recording as traj:
+                outcome = self.fn(*args, **kwargs)
+                assigned(traj, outcome=outcome)
         finally:
-            if traj is not None:
-                self._record_plain(traj, in_kept)
-        return traj.outcome
+            self._record_plain(recording, in_kept)
+        return outcome
 
     async def _call_async(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        traj: Optional[Trajectory] = None
         in_kept = _inside_kept_rollout()
+        recording = _Recording(self, args, kwargs, plain=True)
         try:
-            with self._recording(args, kwargs, plain=True) as traj:
-                traj.outcome = await self.fn(*args, **kwargs)
+            with recording as traj:
+                outcome = await self.fn(*args, **kwargs)
+                assigned(traj, outcome=outcome)
         finally:
-            if traj is not None:
+            if recording.traj is not None:
                 if current_session() is not None:  # only a session's backend keeps an endpoint record
                     with anyio.CancelScope(shield=True):  # its calls the endpoint saw are its own, not the outer's
-                        await with_endpoint_record(traj)
-                self._record_plain(traj, in_kept)
-        return traj.outcome
+                        await with_endpoint_record(recording.traj)
+            self._record_plain(recording, in_kept)
+        return outcome
 
-    def _record_plain(self, traj: Trajectory, inside_kept: bool) -> None:
+    @staticmethod
+    def _record_plain(recording: "_Recording", inside_kept: bool) -> None:
         # plain calls are stored only when asked to (or inside a session): a decorated
         # function called from a unit test should not write files -- unless it ran inside a
         # rollout whose trajectory is kept and names it (its calls are on this one alone)
-        if inside_kept or self._keeps(plain=True):
+        if recording.traj is not None and (inside_kept or recording.kept):
             from ..store import default_store
 
-            default_store().submit(traj)
+            default_store().submit(recording.traj)
 
     @staticmethod
     def _keeps(plain: bool) -> bool:
@@ -160,60 +162,9 @@ class Rollout(Generic[R]):
         # unvalidated: every field here is one artsdk made (a plain call of a rollout costs less)
         return constructed(Trajectory, rollout=self.name, scenario=scenario, **_context_fields())
 
-    @contextmanager
-    def _recording(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, plain: bool = False,
-                   seed: Optional[int] = None, **fields: Any) -> Iterator[Trajectory]:
-        """A trajectory that records the LLM calls made inside the block. An exception leaving
-        the block is recorded as ``error`` and goes on; a plain call's trajectory is stored
-        when recording is on."""
-        traj = self._new(args, kwargs)
-        for k, v in fields.items():
-            setattr(traj, k, v)
-        outer = current_recorder.get()  # a rollout called inside another one: the outer refers to it
-        if outer is not None and outer.pid != os.getpid():
-            outer = None  # a forked child's copy of the context: no rollout of this process
-        rec = Recorder(seed, traj.id)
-        rec.kept = self._keeps(plain)
-        if outer is not None:
-            traj.metadata["parent"] = outer.rollout_id
-            outer.children.append(traj.id)
-        t0 = perf_counter()
-        token = current_recorder.set(rec)
-        try:
-            yield traj
-        except Exception as e:
-            traj.error = ErrorInfo.from_exception(e)
-            raise
-        except BaseException as e:  # Ctrl-C, a cancelled task: kept as what it is, then passed on
-            if traj.error is None:
-                traj.error = ErrorInfo(type="Interrupted", message=f"the rollout was stopped before it finished "
-                                                                   f"({type(e).__name__})")
-            raise
-        finally:
-            current_recorder.reset(token)
-            self._finish(traj, rec, perf_counter() - t0)
-
-    def _finish(self, traj: Trajectory, rec: Recorder, duration: float) -> None:
-        traj.calls = rec.close()
-        traj.warnings.extend(rec.notes)
-        traj.duration = duration
-        traj.ended_at = utcnow()
-        if traj.step is None:
-            steps = [c.step for c in traj.calls if c.step is not None]
-            traj.step = steps[-1] if steps else None
-        if rec.children:  # each call is on one trajectory: the innermost rollout's, which this one names
-            traj.metadata["children"] = list(rec.children)
-        if not traj.calls and not rec.children and traj.error is None:
-            traj.warnings.append(NO_CALLS)
-        if rec.refused is not None and traj.error is not None and traj.error.type != CaptureError.__name__:
-            # a library below the agent turned the refusal into an error of its own (asyncio's
-            # transports: a lost connection): the rollout failed because strict capture refused
-            traj.error = ErrorInfo(type=CaptureError.__name__, traceback=traj.error.traceback,
-                                   message=f"{rec.refused} (the agent got {traj.error.type}: {traj.error.message})")
-        cut = next((c for c in traj.calls if c.incomplete and c.error), None)
-        if cut is not None and traj.error is None:
-            # the agent went on with an answer it did not know was cut short: not a result to train on
-            traj.error = ErrorInfo(type="StreamCutError", message=f"call {cut.index}: {cut.error}")
+    def _recording(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, seed: Optional[int] = None,
+                   **fields: Any) -> "_Recording":
+        return _Recording(self, args, kwargs, seed=seed, fields=fields)
 
     async def run(self, args: tuple[Any, ...] = (), kwargs: Optional[dict[str, Any]] = None, *,
                   timeout: Optional[float] = None, limiter: Optional[anyio.CapacityLimiter] = None,
@@ -274,6 +225,76 @@ class Rollout(Generic[R]):
     def collect_sync(self, *args: Any, **kwargs: Any) -> Trajectory:
         """``collect`` for code without an event loop."""
         return anyio.run(functools.partial(self.collect, *args, **kwargs))
+
+
+class _Recording:
+    """``with _Recording(rollout, args, kwargs) as traj:`` -- a trajectory that records the LLM
+    calls made inside the block. An exception leaving the block is recorded as ``error`` and goes
+    on. ``kept``: whether the trajectory will be stored (always when collected or gathered; a plain
+    call's when recording is on or a session is open). (A class, not a generator: a plain call of
+    a rollout runs it every time, and capture's cost is what it adds to a call.)"""
+
+    __slots__ = ("rollout", "args", "kwargs", "seed", "fields", "kept", "traj", "rec", "t0", "token")
+
+    def __init__(self, rollout: Rollout[Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, plain: bool = False,
+                 seed: Optional[int] = None, fields: Optional[dict[str, Any]] = None) -> None:
+        self.rollout, self.args, self.kwargs, self.seed, self.fields = rollout, args, kwargs, seed, fields
+        self.kept = Rollout._keeps(plain)
+        self.traj: Optional[Trajectory] = None
+
+    def __enter__(self) -> Trajectory:
+        traj = self.traj = self.rollout._new(self.args, self.kwargs)
+        if self.fields:
+            for k, v in self.fields.items():
+                setattr(traj, k, v)
+        outer = current_recorder.get()  # a rollout called inside another one: the outer refers to it
+        if outer is not None and outer.pid != os.getpid():
+            outer = None  # a forked child's copy of the context: no rollout of this process
+        rec = self.rec = Recorder(self.seed, traj.id)
+        rec.kept = self.kept
+        if outer is not None:
+            traj.metadata["parent"] = outer.rollout_id
+            outer.children.append(traj.id)
+        self.t0 = perf_counter()
+        self.token = current_recorder.set(rec)
+        return traj
+
+    def __exit__(self, kind: Any, e: Any, tb: Any) -> None:
+        traj = self.traj
+        try:
+            if isinstance(e, Exception):
+                traj.error = ErrorInfo.from_exception(e)
+            elif e is not None and traj.error is None:  # Ctrl-C, a cancelled task: kept as what it is, then passed on
+                traj.error = ErrorInfo(type="Interrupted", message=f"the rollout was stopped before it finished "
+                                                                   f"({type(e).__name__})")
+        finally:
+            current_recorder.reset(self.token)
+            _finish(traj, self.rec, perf_counter() - self.t0)
+
+
+def _finish(traj: Trajectory, rec: Recorder, duration: float) -> None:
+    calls = rec.close()
+    # set as artsdk made them, without pydantic's per-field assignment (this runs on every call of a rollout)
+    assigned(traj, calls=calls, duration=duration, ended_at=utcnow())
+    if rec.notes:
+        traj.warnings.extend(rec.notes)
+    if traj.step is None:
+        steps = [c.step for c in calls if c.step is not None]
+        if steps:
+            traj.step = steps[-1]
+    if rec.children:  # each call is on one trajectory: the innermost rollout's, which this one names
+        traj.metadata["children"] = list(rec.children)
+    if not calls and not rec.children and traj.error is None:
+        traj.warnings.append(NO_CALLS)
+    if rec.refused is not None and traj.error is not None and traj.error.type != CaptureError.__name__:
+        # a library below the agent turned the refusal into an error of its own (asyncio's
+        # transports: a lost connection): the rollout failed because strict capture refused
+        traj.error = ErrorInfo(type=CaptureError.__name__, traceback=traj.error.traceback,
+                               message=f"{rec.refused} (the agent got {traj.error.type}: {traj.error.message})")
+    cut = next((c for c in calls if c.incomplete and c.error), None)
+    if cut is not None and traj.error is None:
+        # the agent went on with an answer it did not know was cut short: not a result to train on
+        traj.error = ErrorInfo(type="StreamCutError", message=f"call {cut.index}: {cut.error}")
 
 
 @overload

@@ -7,7 +7,7 @@ agent code already uses, so ``traj.messages[-1]["content"]`` reads the way it wa
 from __future__ import annotations
 
 import math
-import uuid
+import os
 from datetime import datetime, timezone
 from typing import Any, Iterable, Iterator, Optional, TypeVar
 
@@ -23,8 +23,13 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function
 T = TypeVar("T")
 
 
+_UUID4 = (0x4 << 76) | (0x2 << 62)  # the version (4) and variant (RFC 4122) bits of a random UUID
+_NOT_UUID4 = ~((0xF << 76) | (0x3 << 62))
+
+
 def new_id() -> str:
-    return uuid.uuid4().hex
+    """``uuid.uuid4().hex``, a quarter of its cost (every rollout makes one)."""
+    return "%032x" % ((int.from_bytes(os.urandom(16), "big") & _NOT_UUID4) | _UUID4)
 
 
 def utcnow() -> datetime:
@@ -60,6 +65,14 @@ def constructed(cls: type[M], **values: Any) -> M:
     object.__setattr__(obj, "__pydantic_extra__", {} if extra_allowed else None)
     object.__setattr__(obj, "__pydantic_private__", None)
     return obj
+
+
+def assigned(obj: BaseModel, **values: Any) -> None:
+    """``obj.k = v`` for each value, as pydantic's assignment leaves the object (without
+    validation, which these models do not ask for) at a fraction of its per-field cost: for the
+    fields artsdk sets on every call of a rollout."""
+    obj.__dict__.update(values)
+    obj.__pydantic_fields_set__.update(values)
 
 
 def check_messages(messages: Any, *, where: str = "messages") -> list[Message]:
