@@ -1,16 +1,19 @@
 """OpenPipe ART's side of bench/capture_vs_art.py, run by ART's own Python (a venv with
 ``openpipe-art`` and the openai client it installs beside; artsdk is not there). It reads one
-JSON command a line from stdin -- ``{"captured": bool, "stream": bool, "n": int}`` -- makes
-``n`` chat-completion calls to the URL it was given, and writes the seconds per call as one
-JSON line. A captured call runs in an ``AutoTrajectoryContext`` of its own (what
+JSON command a line from stdin -- ``{"captured": bool, "stream": bool, "n": int, "toggle": bool}``
+-- makes ``n`` chat-completion calls to the URL it was given, and writes the seconds per call as
+one JSON line. A captured call runs in an ``AutoTrajectoryContext`` of its own (what
 ``capture_auto_trajectory`` opens: one rollout of one call) with ART's httpx patches in place;
-an uncaptured one with httpx's own methods put back, as before ``import art``.
+an uncaptured one outside any context, with the patches in place too -- or, with ``toggle``,
+with httpx's own methods put back, as before ``import art``. With ``"counted": true`` the calls
+run inside one ``functools.reduce``: what ``capture_vs_art.py --instructions`` counts.
 
     <art venv>/bin/python bench/art_worker.py http://127.0.0.1:PORT/v1
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -36,19 +39,29 @@ def call(client: OpenAI, stream: bool) -> None:
             pass
 
 
-def run(client: OpenAI, captured: bool, stream: bool, n: int) -> float:
-    for name, fn in (ART if captured else ORIGINAL).items():
-        setattr(httpx.Response, name, fn)
-    t0 = time.perf_counter()
-    for _ in range(n):
+def run(client: OpenAI, captured: bool, stream: bool, n: int, toggle: bool = False, counted: bool = False) -> float:
+    for name, fn in (ART if captured or not toggle else ORIGINAL).items():
+        if getattr(httpx.Response, name) is not fn:  # setting a class's method, even to itself, resets the
+            setattr(httpx.Response, name, fn)        # interpreter's caches for code using the class
+    trajectories = []
+
+    def one(*_: object) -> None:
         if captured:
             with AutoTrajectoryContext() as trajectory:
                 call(client, stream)
+            trajectories[:] = [trajectory]
         else:
             call(client, stream)
+
+    t0 = time.perf_counter()
+    if counted:  # inside one C call, for the instruction counter (capture_vs_art.py)
+        functools.reduce(one, range(n), None)
+    else:
+        for _ in range(n):
+            one()
     seconds = (time.perf_counter() - t0) / n
-    if captured and len(trajectory.messages_and_choices) != len(MSGS) + 1:  # or this measures nothing
-        raise SystemExit(f"ART captured {trajectory.messages_and_choices!r}")
+    if captured and len(trajectories[0].messages_and_choices) != len(MSGS) + 1:  # or this measures nothing
+        raise SystemExit(f"ART captured {trajectories[0].messages_and_choices!r}")
     return seconds
 
 
@@ -59,7 +72,8 @@ def main() -> None:
     print(json.dumps({"art": version("openpipe-art"), "openai": version("openai")}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)
-        print(json.dumps({"seconds": run(client, cmd["captured"], cmd["stream"], cmd["n"])}), flush=True)
+        seconds = run(client, cmd["captured"], cmd["stream"], cmd["n"], cmd.get("toggle", False), cmd.get("counted", False))
+        print(json.dumps({"seconds": seconds}), flush=True)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,27 @@
 streamed) to one loopback server, each system with and without its capture, in alternating
 rounds so that machine noise hits all four alike.
 
+Two ways of taking the uncaptured calls, each run measures both:
+
+- ``installed`` (the headline): each system's patches are in place throughout, as they are in a
+  program that imported it; an uncaptured call is one made outside a capture scope (outside a
+  rollout; outside an ``AutoTrajectoryContext``), so what a patch costs a call it lets pass is in
+  both sides of the difference, and the overhead is what capturing a call adds.
+- ``toggled``: the patches are taken out for each uncaptured block and put back for each captured
+  one (what this bench measured first). Changing a class's methods every block throws away the
+  interpreter's specialised caches for the code that uses those classes, and both systems pay
+  for that again in every block.
+
     python3.11 -m venv .venv-art && .venv-art/bin/pip install openpipe-art==0.5.18 "openai==2.54.*"
     python -m bench.capture_vs_art [--art-python .venv-art/bin/python] [--rounds 30 --block 40 --runs 3]
+    python -m bench.capture_vs_art --instructions   # the same calls, counted in instructions (valgrind)
+
+Timings of a few hundred microseconds are at the mercy of a shared machine: on a noisy one the
+ratio of one run can be anywhere between 0.2 and 1.7. ``--instructions`` runs both systems'
+workers (bench/ours_worker.py, bench/art_worker.py) under valgrind's callgrind and counts the
+machine instructions of each block of calls instead, which no neighbour changes (installed
+patches, as in the headline timing). Instructions are not time -- code that runs cold costs more
+per instruction -- but they are what each system's capture asks of the CPU.
 
 Each captured call is one rollout of one call: ``@art.rollout`` here, ART's
 ``AutoTrajectoryContext`` (what ``capture_auto_trajectory`` opens) in its own venv
@@ -33,7 +52,7 @@ from openai import OpenAI
 HERE = Path(__file__).resolve().parent
 
 
-def ours(client: OpenAI, captured: bool, stream: bool, n: int) -> float:
+def ours(client: OpenAI, captured: bool, stream: bool, n: int, toggle: bool) -> float:
     def call() -> None:
         out = client.chat.completions.create(model="m", messages=MSGS, stream=stream)
         if stream:
@@ -41,7 +60,7 @@ def ours(client: OpenAI, captured: bool, stream: bool, n: int) -> float:
                 pass
 
     one = art.rollout(name="bench")(call)  # a plain call of a rollout: recorded, not stored
-    (capture.install if captured else capture.uninstall)()
+    (capture.install if captured or not toggle else capture.uninstall)()
     t0 = time.perf_counter()
     for _ in range(n):
         (one if captured else call)()
@@ -49,16 +68,18 @@ def ours(client: OpenAI, captured: bool, stream: bool, n: int) -> float:
 
 
 class ArtWorker:
-    """bench/art_worker.py in ART's venv, driven one block at a time."""
+    """bench/art_worker.py in ART's venv (or another worker speaking its protocol), driven one
+    block at a time; ``under``: a command to run it under (valgrind)."""
 
-    def __init__(self, python: str, url: str, cpu: int | None) -> None:
-        self.proc = subprocess.Popen([python, str(HERE / "art_worker.py"), url], stdin=subprocess.PIPE,
+    def __init__(self, python: str, url: str, cpu: int | None, script: str = "art_worker.py",
+                 under: tuple[str, ...] = ()) -> None:
+        self.proc = subprocess.Popen([*under, python, str(HERE / script), url], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, cwd=HERE.parent.parent,
                                      preexec_fn=(lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None)
         self.versions = json.loads(self.proc.stdout.readline())
 
-    def block(self, captured: bool, stream: bool, n: int) -> float:
-        self.proc.stdin.write(json.dumps({"captured": captured, "stream": stream, "n": n}) + "\n")
+    def block(self, captured: bool, stream: bool, n: int, toggle: bool) -> float:
+        self.proc.stdin.write(json.dumps({"captured": captured, "stream": stream, "n": n, "toggle": toggle}) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
@@ -73,24 +94,78 @@ class ArtWorker:
 def one_run(url: str, worker: ArtWorker, rounds: int, block: int) -> list[dict[str, Any]]:
     client = OpenAI(base_url=url, api_key="k", max_retries=0)
     rows = []
-    for stream in (False, True):
-        times: dict[str, list[float]] = {k: [] for k in ("ours_plain", "ours_captured", "art_plain", "art_captured")}
-        for r in range(rounds):
-            order = [("ours", False), ("ours", True), ("art", False), ("art", True)]
-            for who, captured in (order if r % 2 == 0 else order[::-1]):  # neither always goes first
-                n = block // 2 if stream else block
-                t = ours(client, captured, stream, n) if who == "ours" else worker.block(captured, stream, n)
-                times[f"{who}_{'captured' if captured else 'plain'}"].append(t)
-        over = {who: [c - p for p, c in zip(times[f"{who}_plain"], times[f"{who}_captured"])]
-                for who in ("ours", "art")}
-        o, a = statistics.median(over["ours"]), statistics.median(over["art"])
-        rows.append({"case": "streamed" if stream else "plain", "rounds": rounds,
-                     "ours_uncaptured_ms": statistics.median(times["ours_plain"]) * 1e3,
-                     "art_uncaptured_ms": statistics.median(times["art_plain"]) * 1e3,
-                     "ours_overhead_us": o * 1e6, "art_overhead_us": a * 1e6, "ratio": o / a})
+    for method in ("installed", "toggled"):
+        toggle = method == "toggled"
+        for stream in (False, True):
+            times: dict[str, list[float]] = {k: [] for k in ("ours_plain", "ours_captured", "art_plain", "art_captured")}
+            for r in range(rounds):
+                order = [("ours", False), ("ours", True), ("art", False), ("art", True)]
+                for who, captured in (order if r % 2 == 0 else order[::-1]):  # neither always goes first
+                    n = block // 2 if stream else block
+                    t = (ours(client, captured, stream, n, toggle) if who == "ours"
+                         else worker.block(captured, stream, n, toggle))
+                    times[f"{who}_{'captured' if captured else 'plain'}"].append(t)
+            over = {who: [c - p for p, c in zip(times[f"{who}_plain"], times[f"{who}_captured"])]
+                    for who in ("ours", "art")}
+            o, a = statistics.median(over["ours"]), statistics.median(over["art"])
+            rows.append({"method": method, "case": "streamed" if stream else "plain", "rounds": rounds,
+                         "ours_uncaptured_ms": statistics.median(times["ours_plain"]) * 1e3,
+                         "art_uncaptured_ms": statistics.median(times["art_plain"]) * 1e3,
+                         "ours_overhead_us": o * 1e6, "art_overhead_us": a * 1e6, "ratio": o / a})
     capture.install()
     client.close()
     return rows
+
+
+def counted(python: str, script: str, url: str, captured: bool, stream: bool, n: int) -> float:
+    """Instructions per call of ``n`` calls of one worker (its own process, run under callgrind).
+    Only what runs inside the block's ``functools.reduce`` is counted (``--toggle-collect``),
+    so start-up, warm-up and the protocol around the block are not."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="capture-instructions-") as d:
+        out = Path(d) / "cg.out"
+        under = ("valgrind", "--tool=callgrind", "--instr-atstart=no", "--collect-atstart=no",
+                 "--toggle-collect=functools_reduce", f"--callgrind-out-file={out}")
+        w = ArtWorker(python, url, None, script, under)
+        try:
+            subprocess.run(["callgrind_control", "-i", "on", str(w.proc.pid)], check=True, capture_output=True)
+            for _ in range(3):  # warm: the first calls import and build what later ones reuse
+                w.block(captured, stream, n, False)
+            w.proc.stdin.write(json.dumps({"captured": captured, "stream": stream, "n": n, "counted": True}) + "\n")
+            w.proc.stdin.flush()
+            w.proc.stdout.readline()
+        finally:
+            w.close()
+        totals = next(line for line in out.read_text().splitlines() if line.startswith("totals:"))
+    return int(totals.split()[1]) / n
+
+
+def instructions(a: argparse.Namespace, url: str) -> None:
+    import shutil
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
+    pythons = {"ours": (sys.executable, "ours_worker.py"), "art": (a.art_python, "art_worker.py")}
+    jobs = [(who, stream, captured) for stream in (False, True) for who in pythons for captured in (False, True)
+            for _ in range(a.repeats)]
+    with ThreadPoolExecutor(max(1, len(os.sched_getaffinity(0)) - 1)) as pool:
+        counts = list(pool.map(lambda j: counted(*pythons[j[0]], url, j[2], j[1], 10 if j[1] else 20), jobs))
+    rows = []
+    for stream in (False, True):
+        per = {who: {kind: [c for (w, s, cap), c in zip(jobs, counts) if (w, s, cap) == (who, stream, kind == "captured")]
+                     for kind in ("plain", "captured")} for who in pythons}
+        over = {who: statistics.median(p["captured"]) - statistics.median(p["plain"]) for who, p in per.items()}
+        rows.append({"case": "streamed" if stream else "plain", "calls": 10 if stream else 20, "repeats": a.repeats,
+                     "ours_uncaptured": statistics.median(per["ours"]["plain"]),
+                     "art_uncaptured": statistics.median(per["art"]["plain"]),
+                     "ours_overhead": over["ours"], "art_overhead": over["art"], "ratio": over["ours"] / over["art"],
+                     "each": per})
+        print(f"{rows[-1]['case']:9} artsdk +{over['ours']:,.0f} instructions/call (of {rows[-1]['ours_uncaptured']:,.0f}), "
+              f"ART +{over['art']:,.0f} (of {rows[-1]['art_uncaptured']:,.0f}): ratio {rows[-1]['ratio']:.2f}")
+    save_result("capture_vs_art_instructions", {"rows": rows})
 
 
 def main() -> None:
@@ -100,6 +175,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--block", type=int, default=40, help="calls per block (half as many streamed)")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--instructions", action="store_true",
+                    help="count instructions under valgrind instead of timing (see this file's docstring)")
+    ap.add_argument("--repeats", type=int, default=2, help="with --instructions: processes of each kind")
     a = ap.parse_args()
     if not Path(a.art_python).exists():
         raise SystemExit(f"no Python at {a.art_python}: make ART's venv first (see this file's docstring) or name "
@@ -107,6 +185,12 @@ def main() -> None:
     cpus = sorted(os.sched_getaffinity(0))
     client_cpu = cpus[0] if len(cpus) > 1 else None
     proc, url = start_server()  # the server is free to run on any CPU; the clients share one
+    if a.instructions:
+        try:
+            return instructions(a, url)
+        finally:
+            proc.terminate()
+            proc.wait(10)
     if client_cpu is not None:
         os.sched_setaffinity(proc.pid, set(cpus[1:]))
         os.sched_setaffinity(0, {client_cpu})
@@ -118,9 +202,10 @@ def main() -> None:
         proc.terminate()
         proc.wait(10)
     summary = []
-    for i, case in enumerate(("plain", "streamed")):
+    for i, row in enumerate(runs[0]):
         ratios = [run[i]["ratio"] for run in runs]
-        summary.append({"case": case, "ratios": ratios, "mean_ratio": statistics.mean(ratios),
+        summary.append({"method": row["method"], "case": row["case"], "ratios": ratios,
+                        "mean_ratio": statistics.mean(ratios),
                         "sd": statistics.stdev(ratios) if len(ratios) > 1 else 0.0,
                         "ours_overhead_us": statistics.mean(run[i]["ours_overhead_us"] for run in runs),
                         "art_overhead_us": statistics.mean(run[i]["art_overhead_us"] for run in runs)})
@@ -128,7 +213,7 @@ def main() -> None:
                                    "openai": __import__("openai").__version__, "rounds": a.rounds,
                                    "block": a.block, "runs": runs, "summary": summary})
     for s in summary:
-        print(f"{s['case']:9} artsdk +{s['ours_overhead_us']:.0f} us/call, ART +{s['art_overhead_us']:.0f} us/call: "
+        print(f"{s['method']:9} {s['case']:9} artsdk +{s['ours_overhead_us']:.0f} us/call, ART +{s['art_overhead_us']:.0f} us/call: "
               f"ratio {s['mean_ratio']:.2f} ± {s['sd']:.2f} (runs: {', '.join(f'{r:.2f}' for r in s['ratios'])})")
 
 

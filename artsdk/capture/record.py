@@ -9,6 +9,7 @@ on every call and dumping a whole response costs several times more.
 from __future__ import annotations
 
 import re
+from operator import attrgetter
 from typing import Any, Iterable, Optional
 
 from ..trajectory.records import Choice, LLMCall, as_message, constructed
@@ -20,6 +21,7 @@ _NOT_PARAMS = frozenset(
      "api_key", "api_base", "base_url", "client", "metadata", "http_client"}
 )
 _STEP = re.compile(r"@(\d+)$")
+_LOGPROB, _TOKEN = attrgetter("logprob"), attrgetter("token")
 CUT = "the stream ended before its finish reason: the connection was cut"
 
 
@@ -124,7 +126,7 @@ def _token_logprobs(choice: Any) -> tuple[Optional[list[float]], Optional[list[s
         return None, None
     if isinstance(content[0], dict):
         return [c["logprob"] for c in content], [c.get("token", "") for c in content]
-    return [c.logprob for c in content], [c.token for c in content]
+    return list(map(_LOGPROB, content)), list(map(_TOKEN, content))  # at C speed: once per chunk streamed
 
 
 def _token_ids(choice: Any, tokens: Optional[list[str]]) -> Optional[list[int]]:
