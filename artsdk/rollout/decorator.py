@@ -243,7 +243,7 @@ class _Recording:
         self.traj: Optional[Trajectory] = None
 
     def __enter__(self) -> Trajectory:
-        traj = self.traj = self.rollout._new(self.args, self.kwargs)
+        traj = self.rollout._new(self.args, self.kwargs)
         if self.fields:
             for k, v in self.fields.items():
                 setattr(traj, k, v)
@@ -257,6 +257,7 @@ class _Recording:
             outer.children.append(traj.id)
         self.t0 = perf_counter()
         self.token = current_recorder.set(rec)
+        self.traj = traj  # set last: a call the block never ran (bad arguments) leaves no trajectory
         return traj
 
     def __exit__(self, kind: Any, e: Any, tb: Any) -> None:
