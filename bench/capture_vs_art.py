@@ -35,6 +35,7 @@ other. Writes bench/results/capture_vs_art.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -52,7 +53,9 @@ from openai import OpenAI
 HERE = Path(__file__).resolve().parent
 
 
-def ours(client: OpenAI, captured: bool, stream: bool, n: int, toggle: bool) -> float:
+def ours(client: OpenAI, captured: bool, stream: bool, n: int, toggle: bool, counted: bool = False) -> float:
+    """Seconds per call of ``n`` of artsdk's calls (here, and in bench/ours_worker.py); ``counted``:
+    inside one ``functools.reduce``, what ``--instructions`` counts."""
     def call() -> None:
         out = client.chat.completions.create(model="m", messages=MSGS, stream=stream)
         if stream:
@@ -61,9 +64,13 @@ def ours(client: OpenAI, captured: bool, stream: bool, n: int, toggle: bool) -> 
 
     one = art.rollout(name="bench")(call)  # a plain call of a rollout: recorded, not stored
     (capture.install if captured or not toggle else capture.uninstall)()
+    f = one if captured else call
     t0 = time.perf_counter()
-    for _ in range(n):
-        (one if captured else call)()
+    if counted:
+        functools.reduce(lambda *_: f(), range(n), None)
+    else:
+        for _ in range(n):
+            f()
     return (time.perf_counter() - t0) / n
 
 
@@ -78,8 +85,9 @@ class ArtWorker:
                                      preexec_fn=(lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None)
         self.versions = json.loads(self.proc.stdout.readline())
 
-    def block(self, captured: bool, stream: bool, n: int, toggle: bool) -> float:
-        self.proc.stdin.write(json.dumps({"captured": captured, "stream": stream, "n": n, "toggle": toggle}) + "\n")
+    def block(self, captured: bool, stream: bool, n: int, toggle: bool, counted: bool = False) -> float:
+        self.proc.stdin.write(json.dumps({"captured": captured, "stream": stream, "n": n, "toggle": toggle,
+                                          "counted": counted}) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
@@ -132,9 +140,7 @@ def counted(python: str, script: str, url: str, captured: bool, stream: bool, n:
             subprocess.run(["callgrind_control", "-i", "on", str(w.proc.pid)], check=True, capture_output=True)
             for _ in range(3):  # warm: the first calls import and build what later ones reuse
                 w.block(captured, stream, n, False)
-            w.proc.stdin.write(json.dumps({"captured": captured, "stream": stream, "n": n, "counted": True}) + "\n")
-            w.proc.stdin.flush()
-            w.proc.stdout.readline()
+            w.block(captured, stream, n, False, counted=True)
         finally:
             w.close()
         totals = next(line for line in out.read_text().splitlines() if line.startswith("totals:"))
