@@ -162,10 +162,6 @@ class Rollout(Generic[R]):
         # unvalidated: every field here is one artsdk made (a plain call of a rollout costs less)
         return constructed(Trajectory, rollout=self.name, scenario=scenario, **_context_fields())
 
-    def _recording(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, seed: Optional[int] = None,
-                   **fields: Any) -> "_Recording":
-        return _Recording(self, args, kwargs, seed=seed, fields=fields)
-
     async def run(self, args: tuple[Any, ...] = (), kwargs: Optional[dict[str, Any]] = None, *,
                   timeout: Optional[float] = None, limiter: Optional[anyio.CapacityLimiter] = None,
                   interrupted: Optional[Callable[[Trajectory], None]] = None, seed: Optional[int] = None,
@@ -178,7 +174,7 @@ class Rollout(Generic[R]):
         kwargs = kwargs or {}
         traj: Optional[Trajectory] = None
         try:
-            with self._recording(args, kwargs, seed=seed, **fields) as traj:
+            with _Recording(self, args, kwargs, seed=seed, fields=fields) as traj:
                 try:
                     with anyio.fail_after(timeout) if timeout else nullcontext():
                         if self.is_async:
