@@ -42,6 +42,31 @@ def test_sync_call_recorded_with_tokens_and_step(sync_client, server):
     assert call.prompt_token_ids and call.latency > 0 and not call.stream
 
 
+def test_token_ids_spelled_in_the_tokens_as_vllm_returns_them_are_recorded_plain_and_streamed():
+    """vLLM's --return-tokens-as-token-ids sends no token_ids field: each logprob's token is
+    "token:<id>". The ids are read from there, whole answers and streamed ones alike."""
+    from openai import OpenAI
+
+    from artsdk.testing.mock_server import MockServer
+
+    with MockServer(ids_in_tokens=True) as vllm_like:
+        client = OpenAI(base_url=vllm_like.base_url, api_key="k")
+
+        @art.rollout
+        def agent(q, stream):
+            if not stream:
+                return client.chat.completions.create(model="m", messages=user(q)).choices[0].message.content
+            chunks = client.chat.completions.create(model="m", messages=user(q), stream=True)
+            return "".join(c.choices[0].delta.content or "" for c in chunks)
+
+        for stream in (False, True):
+            t = agent.collect_sync("vllm", stream)
+            assert t.outcome == "echo: vllm"
+            (ch,) = t.calls[0].choices
+            assert ch.token_ids == [ord(c) for c in "echo: vllm"], stream
+            assert ch.logprobs == [-0.5] * len("echo: vllm") and ch.trainable
+
+
 def test_plain_call_returns_value_and_is_not_stored(sync_client, art_store):
     @art.rollout
     def agent(q):

@@ -117,21 +117,33 @@ def _tool_calls(tool_calls: Any) -> Optional[list[dict[str, Any]]]:
     return out
 
 
-def _token_logprobs(choice: Any) -> tuple[Optional[list[float]], Optional[list[str]]]:
+def _logprobs_content(choice: Any) -> Any:
+    """The per-token entries of a choice's logprobs (None when it has none)."""
     lp = getattr(choice, "logprobs", None)
     content = getattr(lp, "content", None) if lp is not None else None
     if content is None and isinstance(lp, dict):
         content = lp.get("content")
-    if not content:
-        return None, None
+    return content or None
+
+
+def _logprobs(content: Any) -> list[float]:
     if isinstance(content[0], dict):
-        return [c["logprob"] for c in content], [c.get("token", "") for c in content]
-    return list(map(_LOGPROB, content)), list(map(_TOKEN, content))  # at C speed: once per chunk streamed
+        return [c["logprob"] for c in content]
+    return list(map(_LOGPROB, content))  # at C speed: once per chunk streamed
 
 
-def _token_ids(choice: Any, tokens: Optional[list[str]]) -> Optional[list[int]]:
+def _tokens(content: Any) -> list[str]:
+    """The tokens' texts: read only where the ids are not sent beside them (they are in them)."""
+    if isinstance(content[0], dict):
+        return [c.get("token", "") for c in content]
+    return list(map(_TOKEN, content))
+
+
+def _token_ids(choice: Any, content: Any) -> Optional[list[int]]:
     ids = extra_field(choice, "token_ids")
-    return list(ids) if ids is not None else _ids_in_tokens(tokens)
+    if ids is not None:
+        return list(ids)
+    return _ids_in_tokens(_tokens(content)) if content else None
 
 
 def _ids_in_tokens(tokens: Optional[list[str]]) -> Optional[list[int]]:
@@ -174,10 +186,11 @@ def from_response(
         refusal = getattr(m, "refusal", None)
         if refusal:
             msg["refusal"] = refusal
-        logprobs, tokens = _token_logprobs(c)
+        content = _logprobs_content(c)
         # unvalidated: the message is the plain dict made above, the rest read from the client's types
         choices.append(constructed(Choice, index=c.index or 0, message=msg, finish_reason=c.finish_reason,
-                                   token_ids=_token_ids(c, tokens), logprobs=logprobs))
+                                   token_ids=_token_ids(c, content),
+                                   logprobs=_logprobs(content) if content else None))
     served_by = getattr(resp, "model", None)
     # built without validating the messages again: they are the plain dicts ``copied`` made, and
     # validating them would copy every message of the conversation on every call
@@ -234,12 +247,6 @@ class StreamAccumulator:
                     self._add_tool_calls(st["tool_calls"], tool_calls)
             if c.finish_reason:
                 st["finish_reason"] = c.finish_reason
-            lp = getattr(c, "logprobs", None)
-            if lp is not None:
-                lps, toks = _token_logprobs(c)
-                if lps:
-                    st["logprobs"].extend(lps)
-                    st["tokens"].extend(toks or ())
             extra = getattr(c, "__pydantic_extra__", None)  # as extra_field reads it, inline
             if extra is not None:
                 ids = extra["token_ids"] if "token_ids" in extra else c.__dict__.get("token_ids")
@@ -247,6 +254,11 @@ class StreamAccumulator:
                 ids = extra_field(c, "token_ids")
             if ids:
                 st["token_ids"].extend(ids)
+            content = _logprobs_content(c) if getattr(c, "logprobs", None) is not None else None
+            if content:
+                st["logprobs"].extend(_logprobs(content))
+                if not ids:  # the ids are in the tokens' texts (vLLM's "token:123")
+                    st["tokens"].extend(_tokens(content))
 
     @staticmethod
     def _add_tool_calls(slots: dict[int, dict[str, Any]], tool_calls: Any) -> None:

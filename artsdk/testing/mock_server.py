@@ -58,9 +58,11 @@ def _last_user(messages: list[dict[str, Any]]) -> str:
     return ""
 
 
-def make_app(step: int = 0, script: Optional[Script] = None) -> FastAPI:
+def make_app(step: int = 0, script: Optional[Script] = None, ids_in_tokens: bool = False) -> FastAPI:
     """The app; ``script(messages)``, when given, answers first: the text, or a message dict
-    (``content``, ``tool_calls``); None lets the rules below answer."""
+    (``content``, ``tool_calls``); None lets the rules below answer. ``ids_in_tokens``: chat
+    completions carry their token ids as vLLM's ``--return-tokens-as-token-ids`` does, each
+    logprob's token spelled ``"token:<id>"`` and no ``token_ids`` field."""
     app = FastAPI()
     app.state.step = step
     app.state.requests = []
@@ -105,7 +107,7 @@ def make_app(step: int = 0, script: Optional[Script] = None) -> FastAPI:
         n = body.get("n") or 1
         prompt_ids = [ord(c) % 50000 for c in json.dumps(body.get("messages"))[:64]]
         if body.get("stream"):
-            return StreamingResponse(_stream(body, model, n, answer, tokens_of),
+            return StreamingResponse(_stream(body, model, n, answer, tokens_of, ids_in_tokens),
                                      media_type="text/event-stream")
         choices = []
         for i in range(n):
@@ -117,14 +119,12 @@ def make_app(step: int = 0, script: Optional[Script] = None) -> FastAPI:
             choices.append({
                 "index": i, "message": msg,
                 "finish_reason": "tool_calls" if tool_calls else "stop",
-                "logprobs": {"content": [{"token": c, "logprob": -0.5, "bytes": None, "top_logprobs": []}
-                                         for c in toks]},
-                "token_ids": [ord(c) for c in toks],
+                **_token_fields(toks, ids_in_tokens),
             })
         return {
             "id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()),
             "model": model, "choices": choices, "prompt_token_ids": prompt_ids,
-            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": sum(len(c["token_ids"]) for c in choices),
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": sum(len(c["logprobs"]["content"]) for c in choices),
                       "total_tokens": 0},
         }
 
@@ -233,16 +233,25 @@ async def _response_events(response: dict[str, Any], cut: bool) -> Any:
     yield event("response.completed", response=response)
 
 
-async def _stream(body: dict[str, Any], model: str, n: int, answer: Any, tokens_of: Any) -> Any:
+def _token_fields(toks: str, ids_in_tokens: bool) -> dict[str, Any]:
+    """A choice's (or chunk's) logprobs and token ids: ids beside the tokens, as artsdk's
+    backends send them, or spelled in the tokens, as vLLM's --return-tokens-as-token-ids does."""
+    content = [{"token": f"token:{ord(c)}" if ids_in_tokens else c, "logprob": -0.5, "bytes": None,
+                "top_logprobs": []} for c in toks]
+    if ids_in_tokens:
+        return {"logprobs": {"content": content}}
+    return {"logprobs": {"content": content}, "token_ids": [ord(c) for c in toks]}
+
+
+async def _stream(body: dict[str, Any], model: str, n: int, answer: Any, tokens_of: Any,
+                  ids_in_tokens: bool = False) -> Any:
     created = int(time.time())
 
     def chunk(i: int, delta: dict[str, Any], finish: Optional[str] = None,
               toks: str = "") -> str:
         c: dict[str, Any] = {"index": i, "delta": delta, "finish_reason": finish}
         if toks:
-            c["logprobs"] = {"content": [{"token": t, "logprob": -0.5, "bytes": None, "top_logprobs": []}
-                                         for t in toks]}
-            c["token_ids"] = [ord(t) for t in toks]
+            c.update(_token_fields(toks, ids_in_tokens))
         data = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": created,
                 "model": model, "choices": [c]}
         return f"data: {json.dumps(data)}\n\n"
@@ -282,8 +291,8 @@ async def _stream(body: dict[str, Any], model: str, n: int, answer: Any, tokens_
 class MockServer:
     """Runs the app with uvicorn in a background thread on a free 127.0.0.1 port."""
 
-    def __init__(self, step: int = 0, script: Optional[Script] = None) -> None:
-        self.app = make_app(step, script)
+    def __init__(self, step: int = 0, script: Optional[Script] = None, ids_in_tokens: bool = False) -> None:
+        self.app = make_app(step, script, ids_in_tokens)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
