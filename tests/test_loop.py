@@ -231,8 +231,10 @@ async def test_the_loop_runs_the_same_on_the_ray_backend(tmp_path, art_store):
     """One replica and one rank on their own cores: rollouts go on while the rank trains."""
     ray = pytest.importorskip("ray")
     from backends.ray import RayBackend
+    from backends.ray.backend import RAY_SYSTEM_CONFIG
 
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+             _system_config=RAY_SYSTEM_CONFIG)
     try:
         results = await three_steps(RayBackend(device="cpu", dtype="float32", home=str(tmp_path / "ray"), replicas=1,
                                                trainers=1, health_interval_s=0.5))

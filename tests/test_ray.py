@@ -24,7 +24,10 @@ TINY = "tiny"
 
 @pytest.fixture(scope="module")
 def ray_instance():
-    ray.init(address="local", num_cpus=6, include_dashboard=False, log_to_driver=False)
+    from backends.ray.backend import RAY_SYSTEM_CONFIG
+
+    ray.init(address="local", num_cpus=6, include_dashboard=False, log_to_driver=False,
+             _system_config=RAY_SYSTEM_CONFIG)
     yield
     ray.shutdown()
 
@@ -304,7 +307,9 @@ def test_no_address_starts_ray_here_whatever_cluster_this_machine_last_recorded(
     even where Ray has recorded another cluster as the machine's current one (``ray start``, a
     ray.cluster_utils.Cluster, one since gone): ray.init() would try to join that one, and refuse
     the CPUs asked for ("When connecting to an existing cluster, num_cpus ... must not be
-    provided"). Here a dead cluster is recorded, in a Ray temp folder of the test's own."""
+    provided"). Here a dead cluster is recorded, in a Ray temp folder of the test's own. Its workers
+    run at the driver's priority: at Ray's default (nice 15) the replicas and ranks wait behind any
+    busy process on the machine."""
     import os
     import subprocess
     import sys
@@ -315,16 +320,21 @@ def test_no_address_starts_ray_here_whatever_cluster_this_machine_last_recorded(
     with tempfile.TemporaryDirectory(prefix="ray", dir="/tmp") as temp:  # short: Ray's socket paths live in it
         (Path(temp) / "ray").mkdir()
         (Path(temp) / "ray" / "ray_current_cluster").write_text("127.0.0.1:9")  # a cluster since gone
-        code = ("import ray\n"
+        code = ("import os, ray\n"
                 "from backends.ray import RayBackend\n"
                 "be = RayBackend(replicas=1, trainers=1)\n"
                 "be._connect()\n"
+                "print(ray.get(ray.remote(lambda: os.nice(0)).remote()))\n"
                 "print(ray.get_runtime_context().gcs_address)\n"
                 "ray.shutdown()\n")
         run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=240,
-                             env={**os.environ, "RAY_TMPDIR": temp, "PYTHONPATH": str(root)})
+                             env={**{k: v for k, v in os.environ.items() if k != "RAY_worker_niceness"},
+                                  "RAY_TMPDIR": temp, "PYTHONPATH": str(root)})
     assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.split()[-1] != "127.0.0.1:9"  # an instance of its own
+    nice, address = run.stdout.split()[-2:]
+    assert address != "127.0.0.1:9"  # an instance of its own
+    # whose workers run at the driver's priority, not Ray's nice 15 (they would wait behind any busy process)
+    assert nice == "0"
 
 
 def test_the_skypilot_task_file_is_one_that_runs(tmp_path):

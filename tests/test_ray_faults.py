@@ -24,7 +24,11 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(900), on_ray]
 def cluster():
     from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"trainer_slot": 2}})
+    from backends.ray.backend import RAY_SYSTEM_CONFIG
+
+    # at the backend's priority: Ray's own (nice 15) starves the replicas beside another busy process
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"trainer_slot": 2},
+                                                      "_system_config": RAY_SYSTEM_CONFIG})
     nodes = [c.add_node(num_cpus=1, resources={"replica_slot": 1}) for _ in range(2)]
     ray.init(address=c.address, log_to_driver=False)
     c.wait_for_nodes()

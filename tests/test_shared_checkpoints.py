@@ -86,10 +86,12 @@ def test_bad_urls_are_refused_by_name(tmp_path, s3):
 async def test_a_driver_killed_mid_run_is_taken_over_at_the_last_committed_step(s3, tmp_path):
     ray = pytest.importorskip("ray")
     from backends.ray import RayBackend
+    from backends.ray.backend import RAY_SYSTEM_CONFIG
     from tests.test_trust_region import batch
 
     url = "s3://runs/taken-over"
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+             _system_config=RAY_SYSTEM_CONFIG)
     try:
         address = ray.get_runtime_context().gcs_address
         driver = subprocess.Popen([sys.executable, "-m", "tests.ray_driver", address, str(tmp_path / "a"), url, "2"],
