@@ -11,11 +11,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 import sqlalchemy as sa
 from pydantic_core import PydanticSerializationError
+from sqlmodel import AutoString
 
 from ..errors import StoreError
 from ..trajectory.records import Group, Trajectory
 from . import tables as T
-from .rows import Rows, gc_paused, group_row, trajectory_rows
+from .rows import JSON_COLUMNS, Rows, gc_paused, group_row, trajectory_rows
 from .storable import ESCAPED, storable, storable_group
 from .writer import Job
 
@@ -66,22 +67,42 @@ def _rows(trajs: list[Trajectory], groups: Sequence[Group], replace: bool) -> Ro
             batch.tables[T.CallRow].extend(calls)
             batch.tables[T.ChoiceRow].extend(choices)
             batch.tables[T.RewardRow].extend(rewards)
-    for rows in (batch.groups, *batch.tables.values()):
-        for r in rows:
-            for v in r.values():
-                if type(v) is str and not v.isascii():
-                    v.encode("utf-8")  # SQLite would refuse it at commit, with the whole batch
+    # SQLite would refuse a string that is not UTF-8 (a lone surrogate) at commit, with the
+    # whole batch: the text columns are checked here, in one piece (the JSON columns are
+    # pydantic's UTF-8 already)
+    text = "".join([v for rows, keys in ((batch.groups, _GROUP_TEXT), *(
+        (batch.tables[table], keys) for table, keys in _TEXT.items())) for r in rows for k in keys
+        if type(v := r[k]) is str])
+    if not text.isascii():
+        text.encode("utf-8")
     for p in batch.projects:
         p.encode("utf-8")
     return batch
 
 
 def _check_rewards(t: Trajectory) -> None:
+    if not _bad_reward(t.reward) and not any(map(_bad_reward, t.rewards.values())):
+        return
     values = [("reward", t.reward), *((f"rewards[{k!r}]", v) for k, v in t.rewards.items())]
-    for name, v in values:
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
-            raise StoreError(f"trajectory {t.id}: {name} is {v!r}; rewards must be finite numbers (or None for "
-                             f"no reward). Nothing of it was written")
+    name, v = next((name, v) for name, v in values if _bad_reward(v))
+    raise StoreError(f"trajectory {t.id}: {name} is {v!r}; rewards must be finite numbers (or None for "
+                     f"no reward). Nothing of it was written")
+
+
+def _bad_reward(v: Any) -> bool:
+    if type(v) is float:
+        return not math.isfinite(v)
+    return v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v))
+
+
+def _text_columns(table: Any) -> tuple[str, ...]:
+    """The columns of ``table`` that hold text as it was given: not numbers, nor JSON."""
+    return tuple(c.name for c in table.__table__.columns
+                 if isinstance(c.type, (sa.String, AutoString)) and c.name not in JSON_COLUMNS)
+
+
+_GROUP_TEXT = _text_columns(T.GroupRow)
+_TEXT = {table: _text_columns(table) for table in Rows.ORDER}
 
 
 def write(conn: sa.Connection, jobs: Sequence[Job]) -> None:
