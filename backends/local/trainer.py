@@ -184,7 +184,10 @@ class Row:
         # target t is token t+1; only sampled tokens (never a segment's first) are trained
         self.keep = torch.nonzero(T(trained[1:], torch.bool) & (self.pos[1:] > 0))[:, 0]
         k = self.keep
-        self.sampler, self.temperature = T(sampler[1:])[k], T(temp[1:])[k]
+        self.sampler, temperature = T(sampler[1:])[k], T(temp[1:])[k]
+        # tokens sampled at temperature 1 (the usual case) need no division of their logits:
+        # that is a pass over [tokens, vocabulary] each way, which the limit does not make either
+        self.temperature = None if bool((temperature == 1.0).all()) else temperature
         self.advantage, self.weight = T(adv[1:])[k], T(w[1:])[k]
         self.trajectory = T(unit[1:], torch.long)[k]  # the step's numbering (batch.Segment.trajectory)
         self.length = len(ids)
