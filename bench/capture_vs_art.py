@@ -80,6 +80,9 @@ class ArtWorker:
 
     def __init__(self, python: str, url: str, cpu: int | None, script: str = "art_worker.py",
                  under: tuple[str, ...] = ()) -> None:
+        # the worker runs outside the checkout (it must not import this artsdk): a relative
+        # --art-python is taken from here, not from there
+        python = os.path.abspath(python) if os.sep in python else python
         self.proc = subprocess.Popen([*under, python, str(HERE / script), url], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, cwd=HERE.parent.parent,
                                      preexec_fn=(lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None)
