@@ -45,6 +45,22 @@ def test_round_trip_keeps_everything(tmp_path, store_url):
     store.close()
 
 
+def test_a_call_with_several_choices_comes_back_with_each_in_index_order(tmp_path, store_url):
+    t = multi_turn()
+    first = t.calls[1].choices[0]
+    other = first.model_copy(update={"index": 1, "message": {"role": "assistant", "content": "other"},
+                                     "token_ids": [9], "logprobs": [-0.5]})
+    t.calls[1].choices = [other, first]  # written in this order: choice 1's row before choice 0's
+    with art.Store(store_url) as store:
+        store.save(t)
+        for back in (store.get(t.id), store.trajectories()[0]):
+            assert [c.index for c in back.calls[1].choices] == [0, 1]
+            assert back.calls[1].choices[0].model_dump() == first.model_dump()
+            assert back.calls[1].choices[1].model_dump() == other.model_dump()
+            # the next call's conversation is rebuilt whole whichever choice came first
+            assert back.calls[2].messages == t.calls[2].messages
+
+
 def test_filters_count_and_prefix_lookup(tmp_path, store_url):
     store = art.Store(store_url)
     ts = []

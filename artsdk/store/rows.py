@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import gc
-from operator import itemgetter
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from operator import itemgetter
 from typing import Any, Iterator, Optional, Sequence
 
 from pydantic import BaseModel
