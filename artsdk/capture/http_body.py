@@ -16,10 +16,13 @@ from typing import Any, AsyncIterator, Callable, Iterator, Optional
 Done = Callable[[bytes, bool], None]  # (the body so far, whether it arrived whole)
 
 
-def watch_body(http_response: Any, done: Done) -> Callable[[], None]:
+def watch_body(http_response: Any, done: Done,
+               recorded_otherwise: Callable[[], bool] = lambda: False) -> Callable[[], None]:
     """Call ``done`` once with the body of ``http_response`` (an httpx2 / httpx response),
     now if it was read already, else when the reader finishes it. Returns a function that
-    reports what arrived so far (for a rollout that ends before the body does)."""
+    reports what arrived so far (for a rollout that ends before the body does).
+    ``recorded_otherwise``: asked when the body starts to be read; if it says the reading is
+    recorded another way (a stream's own chunks), the bytes pass without being kept."""
     state = {"called": False, "parts": []}
 
     def finish(complete: bool) -> None:
@@ -35,20 +38,25 @@ def watch_body(http_response: Any, done: Done) -> Callable[[], None]:
     library = sys.modules[type(http_response).__module__.partition(".")[0]]  # httpx or httpx2, whichever built it
     sync_tee, async_tee = _tees(library)
     if isinstance(inner, library.AsyncByteStream) or hasattr(inner, "__aiter__"):
-        http_response.stream = async_tee(inner, state["parts"], finish)
+        http_response.stream = async_tee(inner, state["parts"], finish, recorded_otherwise)
     else:
-        http_response.stream = sync_tee(inner, state["parts"], finish)
+        http_response.stream = sync_tee(inner, state["parts"], finish, recorded_otherwise)
     return lambda: finish(False)
 
 
 class _SyncTee:
     """The response's byte stream, passed through, its chunks kept (made a subclass of the
-    HTTP library's SyncByteStream by ``_tees``: httpx checks the type before reading)."""
+    HTTP library's SyncByteStream by ``_tees``: httpx checks the type before reading) --
+    unless the reading is recorded otherwise: then passed through as it is, at no cost a chunk."""
 
-    def __init__(self, inner: Any, parts: list[bytes], finish: Callable[[bool], None]) -> None:
-        self.inner, self.parts, self.finish = inner, parts, finish
+    def __init__(self, inner: Any, parts: list[bytes], finish: Callable[[bool], None],
+                 recorded_otherwise: Callable[[], bool]) -> None:
+        self.inner, self.parts, self.finish, self.recorded_otherwise = inner, parts, finish, recorded_otherwise
 
     def __iter__(self) -> Iterator[bytes]:
+        return iter(self.inner) if self.recorded_otherwise() else self._kept()
+
+    def _kept(self) -> Iterator[bytes]:
         complete = False
         try:
             for chunk in self.inner:
@@ -68,10 +76,14 @@ class _SyncTee:
 class _AsyncTee:
     """The same for an async byte stream (an AsyncByteStream subclass, by ``_tees``)."""
 
-    def __init__(self, inner: Any, parts: list[bytes], finish: Callable[[bool], None]) -> None:
-        self.inner, self.parts, self.finish = inner, parts, finish
+    def __init__(self, inner: Any, parts: list[bytes], finish: Callable[[bool], None],
+                 recorded_otherwise: Callable[[], bool]) -> None:
+        self.inner, self.parts, self.finish, self.recorded_otherwise = inner, parts, finish, recorded_otherwise
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self.inner.__aiter__() if self.recorded_otherwise() else self._kept()
+
+    async def _kept(self) -> AsyncIterator[bytes]:
         complete = False
         try:
             async for chunk in self.inner:

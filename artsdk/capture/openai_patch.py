@@ -217,11 +217,14 @@ def watch_stream(rec: Recorder, slot: int, acc: Any, stream: Any, t0: float, is_
     untouched, and the assembled call is recorded when the stream ends, is closed, is left
     early, or when the rollout finishes first. An agent that reads the bytes underneath
     instead (``stream.response.iter_bytes()``) is recorded from those (``from_bytes``)."""
-    done, seen = False, False
+    done, seen, iterating = False, False, False
     body: dict[str, Any] = {}
     partial = None
     if from_bytes is not None and getattr(stream, "response", None) is not None:
-        partial = http_body.watch_body(stream.response, lambda data, complete: body.update(data=data, complete=complete))
+        # the bytes are kept only if the agent reads them itself: the stream's own iteration
+        # reads them too, and its chunks are recorded as they pass
+        partial = http_body.watch_body(stream.response, lambda data, complete: body.update(data=data, complete=complete),
+                                       recorded_otherwise=lambda: iterating)
 
     def finish(left_early: bool, failure: Optional[str] = None) -> None:
         nonlocal done
@@ -241,7 +244,8 @@ def watch_stream(rec: Recorder, slot: int, acc: Any, stream: Any, t0: float, is_
 
     if is_async:
         async def agen() -> Any:
-            nonlocal seen
+            nonlocal seen, iterating
+            iterating = True
             complete, failure = False, None
             try:
                 async for chunk in inner:
@@ -265,7 +269,8 @@ def watch_stream(rec: Recorder, slot: int, acc: Any, stream: Any, t0: float, is_
         stream.close = aclose
     else:
         def gen() -> Any:
-            nonlocal seen
+            nonlocal seen, iterating
+            iterating = True
             complete, failure = False, None
             try:
                 for chunk in inner:
