@@ -21,11 +21,9 @@ from pathlib import Path
 
 import artsdk as art
 from bench.common import save_result
-from artsdk.store.rows import trajectory_rows
+from artsdk.store.rows import JSON_COLUMNS, trajectory_rows
 from artsdk.testing import trajectory
 
-JSON_COLUMNS = {"scenario", "outcome", "warnings", "meta", "messages", "tools", "params", "usage",
-                "prompt_token_ids", "message", "token_ids", "logprobs"}
 TABLES = (("art_trajectories", 0), ("art_calls", 1), ("art_choices", 2), ("art_rewards", 3))
 
 

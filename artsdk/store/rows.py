@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Iterator, Optional, Sequence
 
 from pydantic import BaseModel
@@ -181,16 +181,10 @@ def _build(rows: Table, calls: Table, choices: Table, rewards: Table) -> list[Tr
     by_call: dict[tuple[str, int], list[Choice]] = {}
     for tid, call_idx, idx, message, finish, token_ids, logprobs in _columns(
             choices, "trajectory_id", "call_idx", "idx", "message", "finish_reason", "token_ids", "logprobs"):
-        choice = _make(Choice, _CHOICE, {}, {
-            "index": idx, "message": loads(message), "finish_reason": finish,
-            "token_ids": None if token_ids is None else from_json(token_ids),
-            "logprobs": None if logprobs is None else from_json(logprobs),
-        })
-        same = by_call.get((tid, call_idx))
-        if same is None:
-            by_call[tid, call_idx] = [choice]
-        else:
-            same.append(choice)
+        by_call.setdefault((tid, call_idx), []).append(_make(Choice, _CHOICE, {}, {
+            "index": idx, "message": loads(message), "finish_reason": finish, "token_ids": loads(token_ids),
+            "logprobs": loads(logprobs),
+        }))
     calls_of: dict[str, list[tuple[Any, ...]]] = {}
     for c in _columns(calls, "trajectory_id", "idx", "prefix", "messages", "provider", "model", "tools", "params",
                       "served_by", "step", "usage", "prompt_token_ids", "latency", "stream", "incomplete", "error"):
@@ -208,7 +202,7 @@ def _build(rows: Table, calls: Table, choices: Table, rewards: Table) -> list[Tr
         of = calls_of.get(tid, ())
         for (_, idx, prefix, messages, provider, call_model, tools, params, served_by, call_step, usage, prompt_ids,
              latency, stream, incomplete, call_error) in (sorted(of, key=_by_index) if len(of) > 1 else of):
-            messages = from_json(messages)
+            messages = loads(messages)
             if prefix and built:
                 prev = built[-1]
                 convo = prev.messages if not prev.choices else [*prev.messages, prev.choices[0].message]
@@ -237,7 +231,4 @@ def _build(rows: Table, calls: Table, choices: Table, rewards: Table) -> list[Tr
 
 
 _by_index = itemgetter(1)  # a call's idx, in the tuples _build reads
-
-
-def _by_choice_index(choice: Choice) -> int:
-    return choice.index
+_by_choice_index = attrgetter("index")

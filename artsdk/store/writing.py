@@ -70,9 +70,8 @@ def _rows(trajs: list[Trajectory], groups: Sequence[Group], replace: bool) -> Ro
     # SQLite would refuse a string that is not UTF-8 (a lone surrogate) at commit, with the
     # whole batch: the text columns are checked here, in one piece (the JSON columns are
     # pydantic's UTF-8 already)
-    text = "".join([v for rows, keys in ((batch.groups, _GROUP_TEXT), *(
-        (batch.tables[table], keys) for table, keys in _TEXT.items())) for r in rows for k in keys
-        if type(v := r[k]) is str])
+    text = "".join([v for table, rows in ((T.GroupRow, batch.groups), *batch.tables.items())
+                    for r in rows for k in _TEXT[table] if type(v := r[k]) is str])
     if not text.isascii():
         text.encode("utf-8")
     for p in batch.projects:
@@ -90,7 +89,7 @@ def _check_rewards(t: Trajectory) -> None:
 
 
 def _bad_reward(v: Any) -> bool:
-    if type(v) is float:
+    if type(v) is float:  # nearly every reward: one check, not three
         return not math.isfinite(v)
     return v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v))
 
@@ -101,8 +100,7 @@ def _text_columns(table: Any) -> tuple[str, ...]:
                  if isinstance(c.type, (sa.String, AutoString)) and c.name not in JSON_COLUMNS)
 
 
-_GROUP_TEXT = _text_columns(T.GroupRow)
-_TEXT = {table: _text_columns(table) for table in Rows.ORDER}
+_TEXT = {table: _text_columns(table) for table in (T.GroupRow, *Rows.ORDER)}
 
 
 def write(conn: sa.Connection, jobs: Sequence[Job]) -> None:
