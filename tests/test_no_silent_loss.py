@@ -53,6 +53,44 @@ async def test_calls_from_threads_and_executors_are_recorded(sync_client, async_
     assert not t.warnings  # all five recorded: none escaped (4 of 5 were lost without a word before)
 
 
+@pytest.mark.parametrize("kind", ["executor", "thread pool"])
+def test_a_pool_made_inside_a_rollout_is_not_that_rollout_afterwards(sync_client, caplog, kind):
+    """A pool made inside a rollout serves later work too: a call handed to it after the
+    rollout, outside any, is nobody's -- not the old rollout's "late" call -- and the old
+    rollout's recording is not kept alive by the pool's threads."""
+    import gc
+    from multiprocessing.pool import ThreadPool
+
+    from artsdk.capture import current_recorder
+
+    def in_pool(pool, fn, *args):
+        return pool.submit(fn, *args).result() if kind == "executor" else pool.apply_async(fn, args).get(30)
+
+    def ask(text):
+        return sync_client.chat.completions.create(model="m", messages=[{"role": "user", "content": text}])
+
+    made, seen = [], []
+
+    @art.rollout
+    def agent():
+        seen.append(id(current_recorder.get()))
+        made.append(ThreadPoolExecutor(1) if kind == "executor" else ThreadPool(1))  # its threads start here
+        return in_pool(made[0], ask, "inside")
+
+    t = agent.collect_sync()
+    (pool,) = made
+    try:
+        assert [c.messages[0]["content"] for c in t.calls] == ["inside"]
+        assert in_pool(pool, current_recorder.get) is None  # (it was the old rollout's)
+        with caplog.at_level("WARNING", logger="artsdk.capture"):
+            in_pool(pool, ask, "after")
+        assert "after its rollout" not in caplog.text
+        gc.collect()
+        assert not any(id(o) == seen[0] for o in gc.get_objects())  # the rollout's Recorder is gone
+    finally:
+        pool.shutdown() if kind == "executor" else (pool.close(), pool.join())
+
+
 # -- other HTTP libraries are reported, or refused under strict capture ----------------------
 
 def send_with(library, url):

@@ -23,12 +23,14 @@ def watch_body(http_response: Any, done: Done,
     reports what arrived so far (for a rollout that ends before the body does).
     ``recorded_otherwise``: asked when the body starts to be read; if it says the reading is
     recorded another way (a stream's own chunks), the bytes pass without being kept."""
-    state = {"called": False, "parts": []}
+    # ``done`` is let go of once called: it may refer to the response, whose stream refers to
+    # this (a cycle that would leave the response to the garbage collector)
+    state: dict[str, Any] = {"done": done, "parts": []}
 
     def finish(complete: bool) -> None:
-        if not state["called"]:
-            state["called"] = True
-            done(b"".join(state["parts"]), complete)
+        called = state.pop("done", None)
+        if called is not None:
+            called(b"".join(state["parts"]), complete)
 
     if getattr(http_response, "_content", None) is not None:  # already read
         state["parts"].append(http_response._content)

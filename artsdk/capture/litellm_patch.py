@@ -134,6 +134,9 @@ class StreamWatch:
         if not self.done:
             self.done = True
             self.rec.fill(self.slot, self.acc.to_call(perf_counter() - self.t0, left_early, failure))
+            # the stream keeps this until it goes, and litellm's streams are freed by the garbage
+            # collector (a cycle of their own): the recording is not held there with them
+            self.rec = self.acc = None
 
 
 def watch_stream_class(sync_cls: type, async_cls: type) -> None:
@@ -144,7 +147,7 @@ def watch_stream_class(sync_cls: type, async_cls: type) -> None:
 
         def __next__(self: Any) -> Any:
             watch = self.__dict__.get(_STREAM_ATTR)
-            if watch is None:
+            if watch is None or watch.done:  # (a stream read on after the rollout ended)
                 return orig_next(self)
             try:
                 chunk = orig_next(self)
@@ -174,7 +177,7 @@ def watch_stream_class(sync_cls: type, async_cls: type) -> None:
 
     async def __anext__(self: Any) -> Any:
         watch = self.__dict__.get(_STREAM_ATTR)
-        if watch is None:
+        if watch is None or watch.done:  # (a stream read on after the rollout ended)
             return await orig_anext(self)
         try:
             chunk = await orig_anext(self)

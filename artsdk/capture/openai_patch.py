@@ -230,6 +230,7 @@ def watch_stream(rec: Recorder, slot: int, acc: Any, stream: Any, t0: float, is_
         nonlocal done
         if not done:
             done = True
+            vars(stream).pop("close", None)  # (it refers to the stream: a cycle for the collector)
             if not seen and from_bytes is not None and partial is not None:
                 if "data" not in body:
                     partial()  # what arrived so far

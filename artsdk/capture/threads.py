@@ -2,8 +2,9 @@
 ``threading.Thread`` or a bare ``_thread.start_new_thread``, or handed to a
 ``ThreadPoolExecutor`` (which ``loop.run_in_executor`` uses) or a ``multiprocessing``
 ``ThreadPool`` -- even one made before the rollout -- runs in a copy of the rollout's context,
-so the LLM calls it makes are recorded in the rollout's trajectory like any other. A
-long-lived thread that takes work from a queue is not the rollout's: hand it ``art.bind(fn)``
+so the LLM calls it makes are recorded in the rollout's trajectory like any other. A pool's own
+threads are not the rollout's, even when it starts them inside one: they serve its later work
+too. A long-lived thread that takes work from a queue is not the rollout's: hand it ``art.bind(fn)``
 (``artsdk/rollout/reconcile.py``), or its calls to the trainable model reach the endpoint with no
 rollout (logged there)."""
 
@@ -49,12 +50,28 @@ def patch(module: Any) -> None:
 
         _mark(task_in_context, method)
         setattr(ThreadPool, name, task_in_context)  # on ThreadPool: a process Pool cannot pickle a context
+    init = ThreadPool.__init__
+    if not getattr(init, "__artsdk_wrapped__", False):
+        def init_outside(self: Any, *args: Any, **kwargs: Any) -> None:
+            # its threads (made now, and again when one ends) serve every rollout's tasks, each
+            # task in its own submitter's context: none of them is a rollout's thread
+            contextvars.Context().run(init, self, *args, **kwargs)
+
+        _mark(init_outside, init)
+        ThreadPool.__init__ = init_outside  # type: ignore[method-assign]
     start = module.Thread.start
     if not getattr(start, "__artsdk_wrapped__", False):
         def start_in_context(self: Any) -> Any:
             if _inside():
                 run, ctx = self.run, contextvars.copy_context()
-                self.run = lambda: ctx.run(run)  # an instance attribute: subclasses' run() too
+
+                def run_in_context() -> None:
+                    try:
+                        ctx.run(run)
+                    finally:  # it refers to the thread: gone once run, the thread is freed when let go of
+                        vars(self).pop("run", None)
+
+                self.run = run_in_context  # an instance attribute: subclasses' run() too
             return start(self)
 
         _mark(start_in_context, start)
@@ -62,9 +79,12 @@ def patch(module: Any) -> None:
     submit = ThreadPoolExecutor.submit
     if not getattr(submit, "__artsdk_wrapped__", False):
         def submit_in_context(self: Any, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-            if _inside():
-                fn = functools.partial(contextvars.copy_context().run, fn)
-            return submit(self, fn, *args, **kwargs)
+            if not _inside():
+                return submit(self, fn, *args, **kwargs)
+            # the work runs in the rollout's context; a thread the pool starts for it does not:
+            # it serves the pool's later work too, and would keep this rollout's recording alive
+            return contextvars.Context().run(submit, self, functools.partial(contextvars.copy_context().run, fn),
+                                             *args, **kwargs)
 
         _mark(submit_in_context, submit)
         ThreadPoolExecutor.submit = submit_in_context  # type: ignore[method-assign]
@@ -75,7 +95,7 @@ def unpatch(module: Any) -> None:
     from concurrent.futures import ThreadPoolExecutor
     from multiprocessing.pool import ThreadPool
 
-    for cls, name in ((module.Thread, "start"), (ThreadPoolExecutor, "submit"),
+    for cls, name in ((module.Thread, "start"), (ThreadPoolExecutor, "submit"), (ThreadPool, "__init__"),
                       *((ThreadPool, n) for n in ("apply_async", "_map_async", "imap", "imap_unordered"))):
         fn = cls.__dict__.get(name)
         if getattr(fn, "__artsdk_wrapped__", False):
