@@ -115,6 +115,7 @@ def test_sync_stream_fully_consumed(sync_client):
     assert call.message["content"] == "echo: a b c"
     assert call.choices[0].finish_reason == "stop"
     assert call.choices[0].token_ids == [ord(c) for c in "echo: a b c"]
+    assert call.prompt_token_ids and len(call.prompt_token_ids) > 10  # sent on the first chunk only
 
 
 def test_sync_stream_abandoned_early(sync_client):

@@ -226,7 +226,9 @@ class StreamAccumulator:
         if getattr(chunk, "usage", None) is not None:
             self.usage = _usage(chunk)
         if self.prompt_token_ids is None:
-            self.prompt_token_ids = extra_field(chunk, "prompt_token_ids") or None
+            extra = getattr(chunk, "__pydantic_extra__", None)  # as extra_field reads it, inline
+            if extra is None or "prompt_token_ids" in extra or "prompt_token_ids" in chunk.__dict__:
+                self.prompt_token_ids = extra_field(chunk, "prompt_token_ids") or None
         for c in chunk.choices or ():
             i = c.index or 0
             st = self.choices.get(i)
@@ -254,11 +256,14 @@ class StreamAccumulator:
                 ids = extra_field(c, "token_ids")
             if ids:
                 st["token_ids"].extend(ids)
-            content = _logprobs_content(c) if getattr(c, "logprobs", None) is not None else None
-            if content:
-                st["logprobs"].extend(_logprobs(content))
-                if not ids:  # the ids are in the tokens' texts (vLLM's "token:123")
-                    st["tokens"].extend(_tokens(content))
+            lp = getattr(c, "logprobs", None)
+            if lp is not None:
+                content = getattr(lp, "content", None) if not isinstance(lp, dict) else lp.get("content")
+                if content:
+                    st["logprobs"].extend(map(_LOGPROB, content) if not isinstance(content[0], dict)
+                                          else _logprobs(content))
+                    if not ids:  # the ids are in the tokens' texts (vLLM's "token:123")
+                        st["tokens"].extend(_tokens(content))
 
     @staticmethod
     def _add_tool_calls(slots: dict[int, dict[str, Any]], tool_calls: Any) -> None:

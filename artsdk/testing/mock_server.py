@@ -107,7 +107,7 @@ def make_app(step: int = 0, script: Optional[Script] = None, ids_in_tokens: bool
         n = body.get("n") or 1
         prompt_ids = [ord(c) % 50000 for c in json.dumps(body.get("messages"))[:64]]
         if body.get("stream"):
-            return StreamingResponse(_stream(body, model, n, answer, tokens_of, ids_in_tokens),
+            return StreamingResponse(_stream(body, model, n, answer, tokens_of, ids_in_tokens, prompt_ids),
                                      media_type="text/event-stream")
         choices = []
         for i in range(n):
@@ -244,16 +244,16 @@ def _token_fields(toks: str, ids_in_tokens: bool) -> dict[str, Any]:
 
 
 async def _stream(body: dict[str, Any], model: str, n: int, answer: Any, tokens_of: Any,
-                  ids_in_tokens: bool = False) -> Any:
+                  ids_in_tokens: bool = False, prompt_ids: Optional[list[int]] = None) -> Any:
     created = int(time.time())
 
     def chunk(i: int, delta: dict[str, Any], finish: Optional[str] = None,
-              toks: str = "") -> str:
+              toks: str = "", prompt: Optional[list[int]] = None) -> str:
         c: dict[str, Any] = {"index": i, "delta": delta, "finish_reason": finish}
         if toks:
             c.update(_token_fields(toks, ids_in_tokens))
         data = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": created,
-                "model": model, "choices": [c]}
+                "model": model, "choices": [c], **({"prompt_token_ids": prompt} if prompt else {})}
         return f"data: {json.dumps(data)}\n\n"
 
     if _last_user(body.get("messages", [])).startswith("cut stream"):
@@ -262,7 +262,7 @@ async def _stream(body: dict[str, Any], model: str, n: int, answer: Any, tokens_
         return
     for i in range(n):
         content, tool_calls = answer(body, i)
-        yield chunk(i, {"role": "assistant", "content": ""})
+        yield chunk(i, {"role": "assistant", "content": ""}, prompt=prompt_ids if i == 0 else None)  # as vLLM's first
         if tool_calls:
             for j, tc in enumerate(tool_calls):
                 name, args = tc["function"]["name"], tc["function"]["arguments"]
