@@ -91,6 +91,27 @@ def test_a_pool_made_inside_a_rollout_is_not_that_rollout_afterwards(sync_client
         pool.shutdown() if kind == "executor" else (pool.close(), pool.join())
 
 
+async def test_a_worker_thread_a_rollout_started_keeps_none_of_its_calls(sync_client):
+    """A sync rollout run by ``art.gather`` runs in one of anyio's worker threads, started inside
+    the first such rollout and serving the later ones in a copy of its context: that copy holds
+    the first rollout's recorder, but no longer its calls once the rollout has ended."""
+    import gc
+
+    from artsdk.trajectory.records import LLMCall
+
+    mark = f"worker-thread-test {id(sync_client)}"
+
+    @art.rollout
+    def agent(i):
+        return sync_client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"{mark} {i}"}])
+
+    trajectories = [await agent.run((i,)) for i in range(3)]
+    assert [len(t.calls) for t in trajectories] == [1, 1, 1]
+    del trajectories
+    gc.collect()
+    assert not [o for o in gc.get_objects() if type(o) is LLMCall and o.messages[0]["content"].startswith(mark)]
+
+
 # -- other HTTP libraries are reported, or refused under strict capture ----------------------
 
 def send_with(library, url):

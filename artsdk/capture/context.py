@@ -93,7 +93,11 @@ class Recorder:
             finish()
         with self._lock:
             self.closed = True
-            return [c for c in self.calls if c is not None]
+            calls = [c for c in self.calls if c is not None]
+            # a copy of the rollout's context can outlive it (a worker thread it started serves on):
+            # what that holds of the recording is no longer its calls and conversation
+            self.calls, self.copies = [], {}
+            return calls
 
 
 def _late(rec: Recorder, call: Optional[LLMCall], model: Any = None) -> None:

@@ -52,7 +52,7 @@ def copied(messages: Any) -> list[dict[str, Any]]:
     copied anew."""
     rec = current_recorder.get()
     messages = list(messages)
-    if rec is None:
+    if rec is None or rec.closed:
         return [as_message(m) for m in messages]
     last = rec.copies.get("last") or []
     n = len(last)
