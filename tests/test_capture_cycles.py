@@ -6,6 +6,7 @@ generations, whose full collections walk the whole heap. Real clients against th
 server on 127.0.0.1; what is left over is counted with the collector's DEBUG_SAVEALL."""
 
 import asyncio
+import functools
 import gc
 
 import pytest
@@ -68,12 +69,21 @@ def cases(base_url: str) -> dict:
         "chat stream, async": async_stream,
         "chat with_streaming_response": streaming_response,
         "responses stream": lambda: drain(sync.responses.create(model="m", input="a b", stream=True)),
+        "anthropic stream": lambda: drain(_anthropic(base_url).messages.create(model="m", max_tokens=20, messages=MSGS,
+                                                                             stream=True)),
     }
 
 
+@functools.cache
+def _anthropic(base_url: str):
+    """One client a server (``importorskip``: only the test that asks for it is skipped without it)."""
+    anthropic = pytest.importorskip("anthropic")
+    return anthropic.Anthropic(base_url=base_url.removesuffix("/v1"), api_key="k", max_retries=0)
+
+
 @pytest.mark.parametrize("name", ["chat stream", "chat stream left early", "chat stream, async",
-                                  "chat with_streaming_response", "responses stream"])
-def test_a_captured_openai_call_leaves_no_cycle(server, name):
+                                  "chat with_streaming_response", "responses stream", "anthropic stream"])
+def test_a_captured_call_leaves_no_cycle(server, name):
     call = cases(server.base_url)[name]
     uncaptured = left_for_the_collector(call)
     captured = left_for_the_collector(art.rollout(name="agent")(call))
