@@ -80,7 +80,7 @@ def section_capture_vs_art(rs: list[dict]) -> list[str]:
                   "`with_streaming_response` body (its byte tee referred to the response), of a thread "
                   "started inside a rollout, and of litellm's streams, which hold artsdk's watcher in "
                   "cycles of their own. `tests/test_capture_cycles.py` holds every captured path to "
-                  "leave the collector exactly what the uncaptured call leaves. With that fixed, the "
+                  "leave the collector what the uncaptured call leaves (within one object a call). With that fixed, the "
                   "streamed overhead measured +170 µs (ratio 0.45 ± 0.21, 3 runs) against +242 µs (0.67) "
                   "before; with the accumulator's reads inlined as well (2d8fea9), the table's figures. "
                   "The plain call, which had no cycle, measured +108 µs (0.55) in that first run and +75 "

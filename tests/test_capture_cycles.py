@@ -3,7 +3,9 @@ not: what capture attaches to a stream or a response is let go of by reference c
 the agent drops it. Otherwise every captured stream (its response, its chunks, the recording)
 waits for a collection, which then runs every few calls and moves survivors into the older
 generations, whose full collections walk the whole heap. Real clients against the real HTTP
-server on 127.0.0.1; what is left over is counted with the collector's DEBUG_SAVEALL."""
+server on 127.0.0.1; what is left over is counted with the collector's DEBUG_SAVEALL, and
+captured may leave at most one object a call more than uncaptured (the leaks this guards
+against left 100 to 170)."""
 
 import asyncio
 import functools
@@ -87,7 +89,9 @@ def test_a_captured_call_leaves_no_cycle(server, name):
     call = cases(server.base_url)[name]
     uncaptured = left_for_the_collector(call)
     captured = left_for_the_collector(art.rollout(name="agent")(call))
-    assert captured == uncaptured, f"{name}: {captured:g} objects a call left to the collector (uncaptured: {uncaptured:g})"
+    # (the mock server answers in a thread of this process: a stray object of its own is not a cycle of capture's,
+    # which left 100 to 170 a call)
+    assert captured - uncaptured <= 1, f"{name}: {captured:g} objects a call left to the collector (uncaptured: {uncaptured:g})"
 
 
 def test_a_captured_litellm_stream_adds_next_to_nothing_to_litellm_own_cycles(server):
