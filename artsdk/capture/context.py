@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .cassette import current_cassette
 from .current import current_recorder  # re-exported: defined below record.py, which reads it too
+from ..trajectory.records import assigned
 from .record import failed_call
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ class Recorder:
     def fill(self, slot: int, call: LLMCall) -> None:
         with self._lock:
             self._pending.pop(slot, None)
-            call.index = slot
+            assigned(call, index=slot)  # (pydantic's own assignment costs several times as much, on every call)
             if self.closed:
                 late = True
             else:
@@ -79,7 +80,7 @@ class Recorder:
     def add(self, call: LLMCall) -> None:
         with self._lock:
             if not self.closed:
-                call.index = len(self.calls)
+                assigned(call, index=len(self.calls))
                 self.calls.append(call)
                 return
         _late(self, call)

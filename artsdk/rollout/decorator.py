@@ -278,7 +278,7 @@ def _finish(traj: Trajectory, rec: Recorder, duration: float) -> None:
     if traj.step is None:
         steps = [c.step for c in calls if c.step is not None]
         if steps:
-            traj.step = steps[-1]
+            assigned(traj, step=steps[-1])
     if rec.children:  # each call is on one trajectory: the innermost rollout's, which this one names
         traj.metadata["children"] = list(rec.children)
     if not calls and not rec.children and traj.error is None:
