@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from ..trajectory.records import assigned
 from .cassette import current_cassette
 from .current import current_recorder  # re-exported: defined below record.py, which reads it too
-from ..trajectory.records import assigned
 from .record import failed_call
 
 if TYPE_CHECKING:
