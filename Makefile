@@ -61,8 +61,9 @@ demo: setup-demo
 
 # a summary of anything skipped or failed, and the slowest tests, in two processes (pytest-xdist,
 # --dist loadgroup: the Ray tests share one worker, the vLLM tests another); the whole suite took
-# 19 minutes on 2 cores with vLLM installed (470 passed), against about 35 serially. TEST_WORKERS=0
-# runs it in one process
+# 20-22 minutes on 2 cores with vLLM installed (496 passed) on a day it had taken 25-26 before each
+# test's teardown stopped walking the whole heap (tests/conftest.py). TEST_WORKERS=0 runs it in one
+# process
 TEST_WORKERS ?= 2
 test: setup-frameworks
 	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) -ra --durations=15
