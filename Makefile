@@ -9,7 +9,7 @@ PIP := $(VENV)/bin/pip
 LOCK := requirements/lock.txt
 OLDEST ?= .venv-oldest
 
-.PHONY: setup setup-demo setup-frameworks setup-vllm demo test test-oldest lock bench reviews ttt 2048 clue email serve gpu-wheels clean
+.PHONY: setup setup-demo setup-frameworks setup-vllm demo test oldest-deps test-oldest lock bench reviews ttt 2048 clue email serve gpu-wheels clean
 
 # what training and the tests need: the local backend, the test tools, the trackers and servers
 # the tests write to (no agent framework: `make test` adds those it drives)
@@ -68,6 +68,19 @@ TEST_WORKERS ?= 2
 test: setup-frameworks
 	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) -ra --durations=15
 
+# the oldest row's dependencies, without artsdk itself (nor niquests, which must come after it):
+# CI downloads them while it makes the main venv, and `make test-oldest` then finds them there.
+# artsdk is left out because an editable install writes artsdk.egg-info into the checkout: two
+# at once, one for each venv, would race on it
+OLDEST_EXTRAS = test,frameworks-openai2,anthropic
+oldest-deps:
+	$(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/pip install --progress-bar off --upgrade pip
+	$(PYTHON) -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+		print(*p['dependencies'], *(d for e in '$(OLDEST_EXTRAS)'.split(',') for d in p['optional-dependencies'][e]), sep='\n')" \
+		> $(OLDEST)/deps.txt
+	$(OLDEST)/bin/pip install --progress-bar off -r $(OLDEST)/deps.txt -c requirements/oldest.txt
+
 # the oldest row of the compatibility matrix, in a venv of its own: the client SDK with every core
 # dependency at the floor of its range (requirements/oldest.txt: openai 2.x, pydantic 2.12), beside
 # the frameworks that need openai 2.x; the client SDK's tests and those frameworks' (no torch here)
@@ -79,7 +92,7 @@ test-oldest:
 	@echo "== the oldest row: $(OLDEST) with requirements/oldest.txt =="
 	$(PYTHON) -m venv $(OLDEST)
 	$(OLDEST)/bin/pip install --progress-bar off --upgrade pip
-	$(OLDEST)/bin/pip install --progress-bar off -e '.[test,frameworks-openai2,anthropic]' -c requirements/oldest.txt
+	$(OLDEST)/bin/pip install --progress-bar off -e '.[$(OLDEST_EXTRAS)]' -c requirements/oldest.txt
 	@# niquests brings urllib3-future, which replaces urllib3 (under requests too) and sends without
 	@# http.client: the escape sentinel's tests need a row where that is so
 	$(OLDEST)/bin/pip install --progress-bar off niquests -c requirements/oldest.txt
