@@ -22,7 +22,7 @@ pytestmark = [
 def guard(**env: str) -> subprocess.CompletedProcess:
     # the demo on as many torch threads as the suite gives each of its processes (conftest.py:
     # one a worker under `make test`): two threads beside the other worker's torch spin the two
-    # cores against each other and take half as long again; one thread peaks about where two do
+    # cores against each other and take about 40% longer; one thread peaks about where two do
     # (1,973 MB against 1,912 MB, measured alone)
     threads = os.environ.get("OMP_NUM_THREADS", "2")
     return subprocess.run([sys.executable, "-m", "bench.memory", "--demo", "--check", "--threads", threads],
