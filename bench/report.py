@@ -60,10 +60,10 @@ def section_capture_vs_art(rs: list[dict]) -> list[str]:
                    f"+{row['art_overhead_us']:.0f} µs | {row['mean_ratio']:.2f} ± {row['sd']:.2f} | "
                    f"{', '.join(f'{x:.2f}' for x in row['ratios'])} |")
     if r.get("invocations", 1) > 1:
+        # what was seen across the invocations is written beside their merged results, not here
+        note = f": {r['invocations_note']}" if r.get("invocations_note") else ""
         out += ["", f"The {len(r['runs'])} runs come from {r['invocations']} invocations of the command on the same "
-                "code over an hour (their results merged): between the first and the later ones both systems' "
-                "overheads doubled on this shared machine (ART's plain one from +202 to +388 and +403 µs), "
-                "their ratios did not."]
+                f"code over an hour (their results merged){note}."]
     headline = [row for row in r["summary"] if row.get("method", "installed") == "installed"]
     met = [row["case"] for row in headline if row["mean_ratio"] <= 0.35]
     out += ["", "The target is met for both." if len(met) == len(headline) else
