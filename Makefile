@@ -73,13 +73,16 @@ test: setup-frameworks
 # artsdk is left out because an editable install writes artsdk.egg-info into the checkout: two
 # at once, one for each venv, would race on it
 OLDEST_EXTRAS = test,frameworks-openai2,anthropic
-oldest-deps:
+oldest-deps: $(OLDEST)/.deps
+
+$(OLDEST)/.deps: pyproject.toml requirements/oldest.txt
 	$(PYTHON) -m venv $(OLDEST)
 	$(OLDEST)/bin/pip install --progress-bar off --upgrade pip
 	$(PYTHON) -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 		print(*p['dependencies'], *(d for e in '$(OLDEST_EXTRAS)'.split(',') for d in p['optional-dependencies'][e]), sep='\n')" \
 		> $(OLDEST)/deps.txt
 	$(OLDEST)/bin/pip install --progress-bar off -r $(OLDEST)/deps.txt -c requirements/oldest.txt
+	touch $@
 
 # the oldest row of the compatibility matrix, in a venv of its own: the client SDK with every core
 # dependency at the floor of its range (requirements/oldest.txt: openai 2.x, pydantic 2.12), beside
@@ -88,10 +91,8 @@ CLIENT_TESTS = tests/test_capture_openai.py tests/test_capture_responses.py test
 	tests/test_rollout.py tests/test_store.py tests/test_rewards.py tests/test_session_config.py \
 	tests/test_no_silent_loss.py tests/test_nothing_lost.py tests/test_frameworks_openai2.py \
 	tests/test_capture_anthropic.py
-test-oldest:
+test-oldest: oldest-deps
 	@echo "== the oldest row: $(OLDEST) with requirements/oldest.txt =="
-	$(PYTHON) -m venv $(OLDEST)
-	$(OLDEST)/bin/pip install --progress-bar off --upgrade pip
 	$(OLDEST)/bin/pip install --progress-bar off -e '.[$(OLDEST_EXTRAS)]' -c requirements/oldest.txt
 	@# niquests brings urllib3-future, which replaces urllib3 (under requests too) and sends without
 	@# http.client: the escape sentinel's tests need a row where that is so
