@@ -239,9 +239,16 @@ def test_two_sharded_ranks_in_bf16_make_the_one_process_step(sharded):
     ranks = ranks_of(sharded, SHARDED.index((case, "bfloat16")))
     for r in ranks:
         assert 0.45 < r["rank_params_fraction"] <= 0.55 and r["round_trip"]
+    # Where the CPU multiplies bf16 natively (avx512_bf16: oneDNN's bf16 kernels), a matmul's
+    # rounding depends on the batch's shape, and each rank's batch is half the one process's: on
+    # such a CPU the loss differed by 0.0043 (a mean of terms of either sign, each about 1 and
+    # rounded to bf16's 2**-8), the gradient norm by 0.09%, the adapter by 0.9% of its move. With
+    # oneDNN held to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2), as on a CPU without them, all were equal.
+    # The bounds are a few of bf16's roundings; a gradient averaged over the ranks instead of
+    # summed is off by half
     m1, m2 = alone["metrics"], ranks[0]["metrics"]
-    for k in ("loss", "grad_norm"):
-        assert m2[k] == pytest.approx(m1[k], rel=2e-3), (k, m1[k], m2[k])
+    assert m2["loss"] == pytest.approx(m1["loss"], abs=2**-6), (m1["loss"], m2["loss"])
+    assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=2**-8), (m1["grad_norm"], m2["grad_norm"])
     one, two = torch.tensor(alone["adapter"]), torch.tensor(ranks[0]["adapter"])
     moved = (one - torch.tensor(step_zero_adapter())).abs()
-    assert (one - two).abs().mean() < 0.01 * moved.mean()
+    assert (one - two).abs().mean() < 0.03 * moved.mean()
