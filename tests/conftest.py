@@ -8,6 +8,12 @@ from pathlib import Path
 # (torch's threads spin; two 2-thread processes on 2 cores run several times slower than 1 + 1)
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+# vLLM's CPU build runs its model in a process of its own beside its engine's, spawned, so that
+# it can bind its threads to cores: one more import of vLLM, about 14 s of every start (42 s ->
+# 28 s for the tiny model here; SmolLM2 samples about 10% slower unbound). The vLLM the tests
+# start runs the model in its engine's process, on the threads OMP_NUM_THREADS gives it: its
+# server, adapters, sampling and process group are the ones users get
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 # litellm fetches a model price list from the internet at import unless told not to
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("LITELLM_LOG", "ERROR")
