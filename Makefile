@@ -61,9 +61,9 @@ demo: setup-demo
 
 # a summary of anything skipped or failed, and the slowest tests, in two processes (pytest-xdist,
 # --dist loadgroup: the Ray tests share one worker, the vLLM tests another); the whole suite took
-# 20-22 minutes on 2 cores with vLLM installed (496 passed) on a day it had taken 25-26 before each
-# test's teardown stopped walking the whole heap (tests/conftest.py). TEST_WORKERS=0 runs it in one
-# process
+# 18.5-22 minutes on 2 cores with vLLM and Chromium installed (496 passed; the cores are busy
+# throughout, and the same tests ran up to 20% slower from one hour to the next).
+# TEST_WORKERS=0 runs it in one process
 TEST_WORKERS ?= 2
 # The suite starts hundreds of Python processes (workers, CLIs, servers, ranks, the docs' pages),
 # and pytest rewrites the asserts of 650 modules in each worker: where PYTHONDONTWRITEBYTECODE
