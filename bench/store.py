@@ -1,18 +1,24 @@
 """Store throughput: write and read back 10,000 trajectories of 10 messages, next to raw
-``sqlite3`` ``executemany`` of the very same rows into the same schema (the limit).
+``sqlite3`` doing the same into the same schema (the limit).
 
     python -m bench.store [--n 10000] [--page 100000] [--runs 3]
 
 "artsdk" starts from Trajectory objects and ends with them committed (write), or starts
-from the file and ends with Trajectory objects (read). "raw sqlite3" gets the rows already
-serialized and only inserts them in one transaction (write), or fetches the rows and
-decodes their JSON columns with the json module, building no objects (read). Then the newest
-page of one project in a store of 100,000 trajectories. Writes bench/results/store.json.
+from the file and ends with Trajectory objects (read). "raw sqlite3" starts from the same
+objects too: it makes their rows with the function artsdk makes them with (the same
+serializer: the JSON columns cost both sides alike) and inserts them with ``executemany`` in
+one transaction, on the calling thread, checking nothing (write). Beside it, the SQL alone:
+the same rows handed over already made, only inserted (what no writer starting from
+trajectories can reach). A raw read fetches the rows and decodes their JSON columns with the
+json module, building no objects. Then the newest page of one project in a store of 100,000
+trajectories. Each timed part starts from a collected heap (``gc.collect()``), so neither pays
+for the other's garbage. Writes bench/results/store.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sqlite3
 import tempfile
@@ -21,10 +27,12 @@ from pathlib import Path
 
 import artsdk as art
 from bench.common import save_result
-from artsdk.store.rows import JSON_COLUMNS, trajectory_rows
+from artsdk.store.rows import (CALL_COLUMNS, CHOICE_COLUMNS, JSON_COLUMNS, REWARD_COLUMNS, TRAJECTORY_COLUMNS,
+                               trajectory_rows)
 from artsdk.testing import trajectory
 
 TABLES = (("art_trajectories", 0), ("art_calls", 1), ("art_choices", 2), ("art_rewards", 3))
+COLUMNS = (TRAJECTORY_COLUMNS, CALL_COLUMNS, CHOICE_COLUMNS, REWARD_COLUMNS)
 
 
 def make(n: int) -> list[art.Trajectory]:
@@ -56,12 +64,14 @@ def make(n: int) -> list[art.Trajectory]:
 
 def bench_artsdk(trajs: list[art.Trajectory], folder: Path, group: int) -> tuple[float, float]:
     store = art.Store(folder / "artsdk.db")
+    gc.collect()  # neither side pays for garbage the other (or make()) left
     t0 = time.perf_counter()
     # as gather does: one submission per group, all in flight at once
     futures = [store.submit(trajs[i:i + group]) for i in range(0, len(trajs), group)]
     for f in futures:
         f.result()
     write = time.perf_counter() - t0
+    gc.collect()
     t0 = time.perf_counter()
     back = store.trajectories()
     read = time.perf_counter() - t0
@@ -71,29 +81,52 @@ def bench_artsdk(trajs: list[art.Trajectory], folder: Path, group: int) -> tuple
     return write, read
 
 
-def bench_raw(trajs: list[art.Trajectory], folder: Path) -> tuple[float, float]:
-    # same schema: let artsdk create the empty tables, then write with sqlite3 directly
-    art.Store(folder / "raw.db").close()
+def raw_rows(trajs: list[art.Trajectory]) -> list[list[tuple]]:
+    """The four tables' rows of ``trajs``, made by the function artsdk makes them with (so
+    both sides serialise alike)."""
     rows: list[list[tuple]] = [[], [], [], []]
-    columns: list[list[str]] = [[], [], [], []]
     for t in trajs:
-        parts = trajectory_rows(t)
-        row_lists = [[parts[0]], parts[1], parts[2], parts[3]]
-        for k, lst in enumerate(row_lists):
-            for r in lst:
-                if not columns[k]:
-                    columns[k] = list(r)
-                rows[k].append(tuple(r.values()))
-    db = sqlite3.connect(folder / "raw.db")
+        row, calls, choices, rewards = trajectory_rows(t)
+        rows[0].append(row)
+        for k, part in ((1, calls), (2, choices), (3, rewards)):
+            rows[k].extend(part)
+    return rows
+
+
+def raw_db(path: Path) -> sqlite3.Connection:
+    # same schema: let artsdk create the empty tables, then write with sqlite3 directly
+    art.Store(path).close()
+    db = sqlite3.connect(path)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
-    t0 = time.perf_counter()
+    return db
+
+
+def raw_insert(db: sqlite3.Connection, rows: list[list[tuple]]) -> None:
     with db:
         for (table, k) in TABLES:
-            cols = columns[k]
+            cols = COLUMNS[k]
             db.executemany(f"INSERT INTO {table} ({', '.join(cols)}) VALUES "
                            f"({', '.join('?' * len(cols))})", rows[k])
+
+
+def bench_raw(trajs: list[art.Trajectory], folder: Path) -> dict[str, float]:
+    """Seconds for raw sqlite3 to write ``trajs`` from the objects (``write``: their rows
+    made, then inserted in one transaction), to insert the same rows handed over already made
+    (``sql``), and to read them back (``read``)."""
+    db = raw_db(folder / "raw_objects.db")
+    gc.collect()
+    t0 = time.perf_counter()
+    raw_insert(db, raw_rows(trajs))
     write = time.perf_counter() - t0
+    db.close()
+    rows = raw_rows(trajs)
+    db = raw_db(folder / "raw.db")
+    gc.collect()
+    t0 = time.perf_counter()
+    raw_insert(db, rows)
+    sql = time.perf_counter() - t0
+    gc.collect()
     t0 = time.perf_counter()
     for table, _ in TABLES:
         cur = db.execute(f"SELECT * FROM {table}")
@@ -103,7 +136,7 @@ def bench_raw(trajs: list[art.Trajectory], folder: Path) -> tuple[float, float]:
             [json.loads(row[i]) for i in as_json if row[i] is not None]
     read = time.perf_counter() - t0
     db.close()
-    return write, read
+    return {"write": write, "sql": sql, "read": read}
 
 
 def newest_page(folder: Path, n: int, repeat: int = 20) -> dict[str, float]:
@@ -139,17 +172,18 @@ def newest_page(folder: Path, n: int, repeat: int = 20) -> dict[str, float]:
 
 def one_run(trajs: list[art.Trajectory], n: int, group: int, repeat: int) -> dict[str, float]:
     """Write and read with artsdk and raw sqlite3 in turn, ``repeat`` times; the best of each."""
-    best: dict[str, list[float]] = {"artsdk": [1e9, 1e9], "raw": [1e9, 1e9]}
+    best = {"artsdk_write": 1e9, "artsdk_read": 1e9, "raw_write": 1e9, "raw_sql": 1e9, "raw_read": 1e9}
     for _ in range(repeat):
         with tempfile.TemporaryDirectory() as d:
             w, r = bench_artsdk(trajs, Path(d), group)
-            best["artsdk"] = [min(best["artsdk"][0], w), min(best["artsdk"][1], r)]
-            w, r = bench_raw(trajs, Path(d))
-            best["raw"] = [min(best["raw"][0], w), min(best["raw"][1], r)]
+            raw = bench_raw(trajs, Path(d))
+        for k, v in {"artsdk_write": w, "artsdk_read": r, **{f"raw_{k}": v for k, v in raw.items()}}.items():
+            best[k] = min(best[k], v)
     return {"trajectories": n, "messages_each": 10,
-            "artsdk_write_per_s": n / best["artsdk"][0], "raw_write_per_s": n / best["raw"][0],
-            "artsdk_read_per_s": n / best["artsdk"][1], "raw_read_per_s": n / best["raw"][1],
-            "write_ratio": best["raw"][0] / best["artsdk"][0], "read_ratio": best["raw"][1] / best["artsdk"][1]}
+            **{f"{k}_per_s": n / v for k, v in best.items()},
+            "write_ratio": best["raw_write"] / best["artsdk_write"],
+            "sql_ratio": best["raw_sql"] / best["artsdk_write"],
+            "read_ratio": best["raw_read"] / best["artsdk_read"]}
 
 
 def main() -> None:
@@ -163,15 +197,24 @@ def main() -> None:
     trajs = make(a.n)
     runs = [one_run(trajs, a.n, a.group, a.repeat) for _ in range(a.runs)]
     # each row's figures from its median run (by that row's ratio): the write's and the read's may differ
-    mid = {k: sorted(runs, key=lambda r: r[f"{k}_ratio"])[len(runs) // 2] for k in ("write", "read")}
-    result = {**mid["write"], **{k: v for k, v in mid["read"].items() if "read" in k}}
-    result["runs"] = [{"write_ratio": r["write_ratio"], "read_ratio": r["read_ratio"]} for r in runs]
+    kinds = {"write": ("artsdk_write_per_s", "raw_write_per_s", "write_ratio"),
+             "sql": ("raw_sql_per_s", "sql_ratio"), "read": ("artsdk_read_per_s", "raw_read_per_s", "read_ratio")}
+    result: dict = {"trajectories": a.n, "messages_each": 10}
+    for kind, keys in kinds.items():
+        mid = sorted(runs, key=lambda r: r[f"{kind}_ratio"])[len(runs) // 2]
+        result.update({k: mid[k] for k in keys})
+        if kind == "sql":  # artsdk's write in that run, beside it
+            result["sql_artsdk_write_per_s"] = mid["artsdk_write_per_s"]
+    result["runs"] = [{f"{k}_ratio": r[f"{k}_ratio"] for k in kinds} for r in runs]
     with tempfile.TemporaryDirectory() as d:
         result.update(newest_page(Path(d), a.page))
     save_result("store", result)
-    each = {k: ", ".join(f"{r[k]:.2f}" for r in result["runs"]) for k in ("write_ratio", "read_ratio")}
+    each = {k: ", ".join(f"{r[k]:.2f}" for r in result["runs"]) for k in ("write_ratio", "sql_ratio", "read_ratio")}
     print(f"write: artsdk {result['artsdk_write_per_s']:,.0f} traj/s, raw sqlite3 "
           f"{result['raw_write_per_s']:,.0f} traj/s, ratio {result['write_ratio']:.2f} (runs: {each['write_ratio']})")
+    print(f"       artsdk {result['sql_artsdk_write_per_s']:,.0f} traj/s, raw sqlite3 inserting the rows made "
+          f"beforehand {result['raw_sql_per_s']:,.0f} traj/s, "
+          f"ratio {result['sql_ratio']:.2f} (runs: {each['sql_ratio']})")
     print(f"read:  artsdk {result['artsdk_read_per_s']:,.0f} traj/s, raw sqlite3 "
           f"{result['raw_read_per_s']:,.0f} traj/s, ratio {result['read_ratio']:.2f} (runs: {each['read_ratio']})")
     print(f"newest 50 of one project in {a.page:,} trajectories: {result['newest_page_s'] * 1000:.1f} ms "

@@ -108,6 +108,31 @@ def test_each_way_of_reading_brings_each_trajectory_its_own_calls(tmp_path, stor
     store.close()
 
 
+def test_the_rows_written_name_every_column_of_their_table():
+    # the writer inserts row tuples under these names: a column added to a table and not to
+    # its rows (or the other way round) fails here, not as a NULL in a user's store
+    from artsdk.store.rows import Rows
+
+    for table, columns in Rows.COLUMNS.items():
+        assert len(set(columns)) == len(columns), table
+        assert set(columns) == set(table.__table__.columns.keys()), table
+
+
+def test_an_sqlite_that_binds_few_variables_a_statement_still_takes_every_row(tmp_path):
+    # builds whose limit on bound variables is low (999 before SQLite 3.32, or set lower at
+    # compile time): the writer's multi-row INSERTs take as many rows as the connection allows
+    from sqlalchemy import event
+
+    store = art.Store(tmp_path / "s.db")
+    event.listen(store._engine, "connect", lambda conn, _: conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 40))
+    store._engine.dispose()  # the writer's next connection is a new one, with the low limit
+    saved = [multi_turn(rewards={"a": 1.0, "b": 0.5}) for _ in range(37)]
+    store.save(saved)
+    back = {t.id: t.model_dump() for t in store.trajectories()}
+    assert back == {t.id: t.model_dump() for t in saved}
+    store.close()
+
+
 def test_export_jsonl_and_iterate(tmp_path, store_url):
     store = art.Store(store_url)
     store.save([multi_turn(project="p") for _ in range(5)])

@@ -60,67 +60,77 @@ def _shared_prefix(prev: Optional[LLMCall], messages: list[dict[str, Any]]) -> i
     return 0
 
 
-def trajectory_rows(t: Trajectory) -> tuple[dict[str, Any], list[dict], list[dict], list[dict]]:
-    """(trajectory row, call rows, choice rows, reward rows) for one trajectory."""
+TRAJECTORY_COLUMNS = ("id", "project", "model", "run", "step", "group_id", "group_index", "rollout", "attempt",
+                      "scenario", "outcome", "reward", "error_type", "error_message", "traceback", "warnings", "meta",
+                      "started_at", "ended_at", "duration", "n_calls")
+CALL_COLUMNS = ("trajectory_id", "idx", "provider", "model", "served_by", "step", "prefix", "messages", "tools",
+                "params", "usage", "prompt_token_ids", "latency", "stream", "incomplete", "error")
+CHOICE_COLUMNS = ("trajectory_id", "call_idx", "idx", "message", "finish_reason", "token_ids", "logprobs")
+REWARD_COLUMNS = ("trajectory_id", "name", "value")
+GROUP_COLUMNS = ("id", "project", "model", "run", "step", "rollout", "scenario", "size", "reward_mean", "reward_std",
+                 "no_signal", "created_at")
+"""The columns each row tuple below holds, in its order (an INSERT names them)."""
+
+Row = tuple[Any, ...]
+
+
+def trajectory_rows(t: Trajectory) -> tuple[Row, list[Row], list[Row], list[Row]]:
+    """(trajectory row, call rows, choice rows, reward rows) for one trajectory, as tuples
+    of the ``*_COLUMNS`` above."""
     err = t.error
-    row = {
-        "id": t.id, "project": t.project, "model": t.model, "run": t.run, "step": t.step,
-        "group_id": t.group_id, "group_index": t.group_index, "rollout": t.rollout,
-        "attempt": t.attempt, "scenario": dumps(t.scenario), "outcome": dumps(t.outcome),
-        "reward": t.reward,
-        "error_type": err.type if err else None, "error_message": err.message if err else None,
-        "traceback": err.traceback if err else None,
-        "warnings": dumps(t.warnings), "meta": dumps(t.metadata),
-        "started_at": t.started_at.timestamp(), "ended_at": _ts(t.ended_at),
-        "duration": t.duration, "n_calls": len(t.calls),
-    }
+    tid = t.id
+    row = (
+        tid, t.project, t.model, t.run, t.step, t.group_id, t.group_index, t.rollout, t.attempt,
+        dumps(t.scenario), dumps(t.outcome), t.reward,
+        err.type if err else None, err.message if err else None, err.traceback if err else None,
+        dumps(t.warnings), dumps(t.metadata), t.started_at.timestamp(), _ts(t.ended_at), t.duration, len(t.calls),
+    )
     calls, choices = [], []
     prev: Optional[LLMCall] = None
     for c in t.calls:
         prefix = _shared_prefix(prev, c.messages)
-        calls.append({
-            "trajectory_id": t.id, "idx": c.index, "provider": c.provider, "model": c.model,
-            "served_by": c.served_by, "step": c.step, "prefix": prefix,
-            "messages": dumps(c.messages[prefix:]),
-            "tools": None if c.tools is None else dumps(c.tools), "params": dumps(c.params),
-            "usage": None if c.usage is None else dumps(c.usage),
-            "prompt_token_ids": None if c.prompt_token_ids is None else dumps(c.prompt_token_ids),
-            "latency": c.latency, "stream": c.stream, "incomplete": c.incomplete, "error": c.error,
-        })
+        calls.append((
+            tid, c.index, c.provider, c.model, c.served_by, c.step, prefix, dumps(c.messages[prefix:]),
+            None if c.tools is None else dumps(c.tools), dumps(c.params),
+            None if c.usage is None else dumps(c.usage),
+            None if c.prompt_token_ids is None else dumps(c.prompt_token_ids),
+            c.latency, c.stream, c.incomplete, c.error,
+        ))
         for ch in c.choices:
-            choices.append({
-                "trajectory_id": t.id, "call_idx": c.index, "idx": ch.index,
-                "message": dumps(ch.message), "finish_reason": ch.finish_reason,
-                "token_ids": None if ch.token_ids is None else dumps(ch.token_ids),
-                "logprobs": None if ch.logprobs is None else dumps(ch.logprobs),
-            })
+            choices.append((
+                tid, c.index, ch.index, dumps(ch.message), ch.finish_reason,
+                None if ch.token_ids is None else dumps(ch.token_ids),
+                None if ch.logprobs is None else dumps(ch.logprobs),
+            ))
         prev = c
-    rewards = [{"trajectory_id": t.id, "name": k, "value": v} for k, v in t.rewards.items()]
+    rewards = [(tid, k, v) for k, v in t.rewards.items()]
     return row, calls, choices, rewards
 
 
 class Rows:
-    """What one submission writes: rows per table, in the order foreign keys need."""
+    """What one submission writes: row tuples per table, in the order foreign keys need."""
 
     ORDER = (T.TrajectoryRow, T.CallRow, T.ChoiceRow, T.RewardRow)
+    COLUMNS = {T.GroupRow: GROUP_COLUMNS, T.TrajectoryRow: TRAJECTORY_COLUMNS, T.CallRow: CALL_COLUMNS,
+               T.ChoiceRow: CHOICE_COLUMNS, T.RewardRow: REWARD_COLUMNS}
     __slots__ = ("tables", "groups", "projects", "replace")
 
-    def __init__(self, groups: list[dict[str, Any]], projects: set[str], replace: bool) -> None:
-        self.tables: dict[Any, list[dict[str, Any]]] = {t: [] for t in self.ORDER}
+    def __init__(self, groups: list[Row], projects: set[str], replace: bool) -> None:
+        self.tables: dict[Any, list[Row]] = {t: [] for t in self.ORDER}
         self.groups = groups
         self.projects = projects
         self.replace = replace
 
+    def ids(self) -> tuple[list[str], list[str]]:
+        """The ids of the trajectories and of the groups (each row's first column)."""
+        return [r[0] for r in self.tables[T.TrajectoryRow]], [g[0] for g in self.groups]
+
 
 def group_row(g: Group, project: Optional[str], model: Optional[str], run: Optional[str], step: Optional[int],
-              created_at: float) -> dict[str, Any]:
+              created_at: float) -> Row:
     scored = g.scored
-    return {
-        "id": g.id, "project": project, "model": model, "run": run, "step": step, "rollout": g.rollout,
-        "scenario": dumps(g.scenario), "size": len(g),
-        "reward_mean": g.mean if scored else None, "reward_std": g.std if scored else None,
-        "no_signal": g.no_signal, "created_at": created_at,
-    }
+    return (g.id, project, model, run, step, g.rollout, dumps(g.scenario), len(g),
+            g.mean if scored else None, g.std if scored else None, g.no_signal, created_at)
 
 
 Table = tuple[dict[str, int], Sequence[Sequence[Any]]]

@@ -18,7 +18,7 @@ from ..trajectory.records import Group, Trajectory
 from . import tables as T
 from .database import connect, prepare, sqlite_path, transient
 from .query import latest_run, load, load_checkpoints, load_groups, load_runs, load_steps, select_trajectories
-from .rows import Rows, dumps
+from .rows import GROUP_COLUMNS, Rows, dumps
 from .unsaved import Recovery, recover
 from .writer import Job, Writer
 from .writing import merge_metrics, submission, upsert, write
@@ -152,7 +152,8 @@ class Store:
 
         def write(trajs: list[Trajectory], groups: list[dict[str, Any]], replace: bool) -> None:
             job = submission(trajs, (), replace)
-            job.rows.groups, job.dump = groups, None  # a failure leaves the file where it is
+            job.rows.groups = [tuple(g.get(c) for c in GROUP_COLUMNS) for g in groups]  # as the file names them
+            job.dump = None  # a failure leaves the file where it is
             self._writer.submit(job).result()
 
         return recover(folder, self._stored, write)
@@ -173,8 +174,7 @@ class Store:
         """A hint for a write refused as a duplicate, only where it is one."""
         if not isinstance(exc, sa.exc.IntegrityError) or not isinstance(job.rows, Rows):
             return ""
-        have, groups = self._stored([r["id"] for r in job.rows.tables[T.TrajectoryRow]],
-                                    [g["id"] for g in job.rows.groups])
+        have, groups = self._stored(*job.rows.ids())
         if have:
             return (f" (trajectory {', '.join(sorted(have)[:3])} is already stored; save(..., replace=True) "
                     f"overwrites it)")

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 import time
+from functools import lru_cache
+from itertools import chain
+from operator import itemgetter
 from typing import Any, Callable, Iterable, Sequence
 
 import sqlalchemy as sa
@@ -16,7 +20,7 @@ from sqlmodel import AutoString
 from ..errors import StoreError
 from ..trajectory.records import Group, Trajectory
 from . import tables as T
-from .rows import JSON_COLUMNS, Rows, gc_paused, group_row, trajectory_rows
+from .rows import GROUP_COLUMNS, JSON_COLUMNS, Row, Rows, gc_paused, group_row, trajectory_rows
 from .storable import ESCAPED, storable, storable_group
 from .writer import Job
 
@@ -46,7 +50,8 @@ def submission(trajectories: Iterable[Trajectory], groups: Sequence[Group], repl
     def dump() -> str:
         # ASCII JSON: whatever the text held, the file can be written
         return json.dumps({"trajectories": [t.model_dump(mode="json", fallback=repr) for t in trajs],
-                           "groups": batch.groups, "replace": replace}, ensure_ascii=True, default=repr)
+                           "groups": [dict(zip(GROUP_COLUMNS, g)) for g in batch.groups], "replace": replace},
+                          ensure_ascii=True, default=repr)
 
     return Job(batch, label, dump)
 
@@ -71,7 +76,7 @@ def _rows(trajs: list[Trajectory], groups: Sequence[Group], replace: bool) -> Ro
     # whole batch: the text columns are checked here, in one piece (the JSON columns are
     # pydantic's UTF-8 already)
     text = "".join([v for table, rows in ((T.GroupRow, batch.groups), *batch.tables.items())
-                    for r in rows for k in _TEXT[table] if type(v := r[k]) is str])
+                    for v in chain.from_iterable(map(_TEXT[table], rows)) if v.__class__ is str])
     if not text.isascii():
         text.encode("utf-8")
     for p in batch.projects:
@@ -94,20 +99,23 @@ def _bad_reward(v: Any) -> bool:
     return v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v))
 
 
-def _text_columns(table: Any) -> tuple[str, ...]:
-    """The columns of ``table`` that hold text as it was given: not numbers, nor JSON."""
-    return tuple(c.name for c in table.__table__.columns
-                 if isinstance(c.type, (sa.String, AutoString)) and c.name not in JSON_COLUMNS)
+def _text_columns(table: Any) -> Callable[[Row], tuple[Any, ...]]:
+    """A function giving a row of ``table`` its values that are text as it was given: not
+    numbers, nor JSON."""
+    text = {c.name for c in table.__table__.columns
+            if isinstance(c.type, (sa.String, AutoString)) and c.name not in JSON_COLUMNS}
+    at = [i for i, name in enumerate(Rows.COLUMNS[table]) if name in text]
+    return itemgetter(*at) if len(at) > 1 else lambda row: tuple(row[i] for i in at)
 
 
-_TEXT = {table: _text_columns(table) for table in (T.GroupRow, *Rows.ORDER)}
+_TEXT = {table: _text_columns(table) for table in Rows.COLUMNS}
 
 
 def write(conn: sa.Connection, jobs: Sequence[Job]) -> None:
     """Write what several jobs hold in one transaction: one INSERT per table for all of them
     (a job may instead hold a function that writes, for steps, models and checkpoints)."""
-    merged: dict[Any, list[dict[str, Any]]] = {table: [] for table in Rows.ORDER}
-    groups: list[dict[str, Any]] = []
+    merged: dict[Any, list[Row]] = {table: [] for table in Rows.ORDER}
+    groups: list[Row] = []
     projects: set[str] = set()
     for job in jobs:
         rows = job.rows
@@ -115,7 +123,7 @@ def write(conn: sa.Connection, jobs: Sequence[Job]) -> None:
             rows(conn)
             continue
         if rows.replace:
-            _delete(conn, [r["id"] for r in rows.tables[T.TrajectoryRow]], [g["id"] for g in rows.groups])
+            _delete(conn, *rows.ids())
         for table in Rows.ORDER:
             merged[table].extend(rows.tables[table])
         groups.extend(rows.groups)
@@ -164,23 +172,50 @@ def merge_metrics(key: dict[str, Any], metrics: dict[str, Any]) -> Callable[[sa.
 
 def ensure_project(conn: sa.Connection, name: str) -> None:
     t = T.ProjectRow.__table__
+    if conn.dialect.name == "sqlite":  # one statement, not a look and then a write
+        conn.exec_driver_sql(f"INSERT OR IGNORE INTO {t.name} (name, created_at) VALUES (?, ?)", (name, time.time()))
+        return
     if conn.execute(sa.select(t.c.name).where(t.c.name == name)).first() is None:
         conn.execute(sa.insert(t), [{"name": name, "created_at": time.time()}])
 
 
-def _insert(conn: sa.Connection, table: Any, rows: list[dict[str, Any]]) -> None:
+def _insert(conn: sa.Connection, table: Any, rows: list[Row]) -> None:
     if not rows:
         return
-    t = table.__table__
-    if conn.dialect.name == "sqlite":
-        # the DB-API executemany with tuples: about twice as fast as a Core insert of
-        # dicts, which spends its time processing each row's parameters
-        # (every row of a table is built by one dict literal: same keys, same order)
-        cols = list(rows[0])
-        sql = f"INSERT INTO {t.name} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
-        conn.exec_driver_sql(sql, [tuple(r.values()) for r in rows])
-    else:
-        conn.execute(sa.insert(t), rows)
+    cols = Rows.COLUMNS[table]
+    if conn.dialect.name != "sqlite":
+        conn.execute(sa.insert(table.__table__), [dict(zip(cols, r)) for r in rows])
+        return
+    # several rows a statement (INSERT ... VALUES (...), (...), ...): SQLite inserts them in
+    # one step, which lets go of the interpreter lock once for all of them. executemany steps,
+    # and takes the lock back, once a row: a writer whose caller is busy serialising the next
+    # submissions would wait out the interpreter's switch interval (5 ms) a row. Chunks are
+    # powers of two, so a table needs a handful of statements, all kept prepared.
+    name = table.__table__.name
+    most = _most_rows(conn, len(cols))
+    start = 0
+    while start < len(rows):
+        n = min(most, len(rows) - start)
+        n = 1 << (n.bit_length() - 1)
+        conn.exec_driver_sql(_values_sql(name, cols, n), tuple(chain.from_iterable(rows[start:start + n])))
+        start += n
+
+
+_ROWS_A_STATEMENT = 512
+
+
+def _most_rows(conn: sa.Connection, width: int) -> int:
+    """How many rows of ``width`` columns one statement may take: as many as this SQLite's
+    limit on bound variables allows (32,766 by default; 999 before 3.32), at most 512."""
+    driver = conn.connection.dbapi_connection
+    variables = driver.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) if driver is not None else 999
+    return max(1, min(_ROWS_A_STATEMENT, variables // width))
+
+
+@lru_cache(maxsize=256)
+def _values_sql(name: str, cols: tuple[str, ...], n: int) -> str:
+    one = f"({', '.join('?' * len(cols))})"
+    return f"INSERT INTO {name} ({', '.join(cols)}) VALUES {', '.join([one] * n)}"
 
 
 def _delete(conn: sa.Connection, ids: list[str], group_ids: list[str]) -> None:
