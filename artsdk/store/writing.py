@@ -207,8 +207,8 @@ _ROWS_A_STATEMENT = 512
 def _most_rows(conn: sa.Connection, width: int) -> int:
     """How many rows of ``width`` columns one statement may take: as many as this SQLite's
     limit on bound variables allows (32,766 by default; 999 before 3.32), at most 512."""
-    driver = conn.connection.dbapi_connection
-    variables = driver.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) if driver is not None else 999
+    getlimit = getattr(conn.connection.dbapi_connection, "getlimit", None)  # a driver other than sqlite3: 999
+    variables = getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) if getlimit is not None else 999
     return max(1, min(_ROWS_A_STATEMENT, variables // width))
 
 
