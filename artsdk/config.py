@@ -149,6 +149,9 @@ def load() -> Settings:
 def settings() -> Settings:
     """The effective settings (cached; ``configure()`` refreshes them)."""
     global _cached
+    cached = _cached  # (read on every plain call of a rollout: the lock only to make them)
+    if cached is not None:
+        return cached
     with _lock:
         if _cached is None:
             _cached = load()

@@ -7,6 +7,8 @@ one JSON line. A captured call runs in an ``AutoTrajectoryContext`` of its own (
 an uncaptured one outside any context, with the patches in place too -- or, with ``toggle``,
 with httpx's own methods put back, as before ``import art``. With ``"counted": true`` the calls
 run inside one ``functools.reduce``: what ``capture_vs_art.py --instructions`` counts.
+``{"paired": true, "stream": bool, "n": int}`` makes ``n`` pairs of one uncaptured and one
+captured call instead (bench/paired.py, patches in place) and writes each pair's differences.
 
     <art venv>/bin/python bench/art_worker.py http://127.0.0.1:PORT/v1
 """
@@ -37,6 +39,25 @@ def call(client: OpenAI, stream: bool) -> None:
     if stream:
         for _ in out:
             pass
+
+
+def paired(client: OpenAI, stream: bool, n: int) -> dict[str, list[float]]:
+    from paired import pairs  # bench/paired.py: this script's folder is on the path
+
+    for name, fn in ART.items():
+        if getattr(httpx.Response, name) is not fn:
+            setattr(httpx.Response, name, fn)
+    trajectories = []
+
+    def captured() -> None:
+        with AutoTrajectoryContext() as trajectory:
+            call(client, stream)
+        trajectories[:] = [trajectory]
+
+    out = pairs(lambda: call(client, stream), captured, n)
+    if len(trajectories[0].messages_and_choices) != len(MSGS) + 1:  # or this measures nothing
+        raise SystemExit(f"ART captured {trajectories[0].messages_and_choices!r}")
+    return out
 
 
 def run(client: OpenAI, captured: bool, stream: bool, n: int, toggle: bool = False, counted: bool = False) -> float:
@@ -72,6 +93,9 @@ def main() -> None:
     print(json.dumps({"art": version("openpipe-art"), "openai": version("openai")}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)
+        if cmd.get("paired"):
+            print(json.dumps(paired(client, cmd["stream"], cmd["n"])), flush=True)
+            continue
         seconds = run(client, cmd["captured"], cmd["stream"], cmd["n"], cmd.get("toggle", False), cmd.get("counted", False))
         print(json.dumps({"seconds": seconds}), flush=True)
 

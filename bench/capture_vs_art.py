@@ -48,6 +48,7 @@ import artsdk as art
 from artsdk import capture
 from bench.capture import MSGS, start_server
 from bench.common import save_result
+from bench.paired import pairs
 from openai import OpenAI
 
 HERE = Path(__file__).resolve().parent
@@ -74,6 +75,19 @@ def ours(client: OpenAI, captured: bool, stream: bool, n: int, toggle: bool, cou
     return (time.perf_counter() - t0) / n
 
 
+def ours_paired(client: OpenAI, stream: bool, n: int) -> dict[str, list[float]]:
+    """``n`` pairs of one uncaptured and one captured call of artsdk's (bench/paired.py), the
+    patches in place."""
+    def call() -> None:
+        out = client.chat.completions.create(model="m", messages=MSGS, stream=stream)
+        if stream:
+            for _ in out:
+                pass
+
+    capture.install()
+    return pairs(call, art.rollout(name="bench")(call), n)
+
+
 class ArtWorker:
     """bench/art_worker.py in ART's venv (or another worker speaking its protocol), driven one
     block at a time; ``under``: a command to run it under (valgrind)."""
@@ -97,15 +111,25 @@ class ArtWorker:
             raise SystemExit(f"ART's worker ended (exit {self.proc.wait()}); its error is above")
         return json.loads(line)["seconds"]
 
+    def paired(self, stream: bool, n: int) -> dict[str, list[float]]:
+        self.proc.stdin.write(json.dumps({"paired": True, "stream": stream, "n": n}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"ART's worker ended (exit {self.proc.wait()}); its error is above")
+        return json.loads(line)
+
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait(10)
 
 
-def one_run(url: str, worker: ArtWorker, rounds: int, block: int) -> list[dict[str, Any]]:
+def one_run(url: str, worker: ArtWorker, rounds: int, block: int, methods: tuple[str, ...]) -> list[dict[str, Any]]:
     client = OpenAI(base_url=url, api_key="k", max_retries=0)
     rows = []
-    for method in ("installed", "toggled"):
+    if "paired" in methods:
+        rows += paired_rows(client, worker, rounds, block)
+    for method in (m for m in ("installed", "toggled") if m in methods):
         toggle = method == "toggled"
         for stream in (False, True):
             times: dict[str, list[float]] = {k: [] for k in ("ours_plain", "ours_captured", "art_plain", "art_captured")}
@@ -125,6 +149,28 @@ def one_run(url: str, worker: ArtWorker, rounds: int, block: int) -> list[dict[s
                          "ours_overhead_us": o * 1e6, "art_overhead_us": a * 1e6, "ratio": o / a})
     capture.install()
     client.close()
+    return rows
+
+
+def paired_rows(client: OpenAI, worker: ArtWorker, rounds: int, block: int) -> list[dict[str, Any]]:
+    """The headline: each system's overhead as the median, over every pair of the run, of a
+    captured call's time minus the uncaptured call's made right beside it (bench/paired.py), in
+    wall time and in CPU time; the systems take turns a round at a time."""
+    rows = []
+    for stream in (False, True):
+        n = block // 2 if stream else block
+        diffs: dict[str, dict[str, list[float]]] = {who: {"wall": [], "cpu": []} for who in ("ours", "art")}
+        for r in range(rounds):
+            for who in (("ours", "art") if r % 2 == 0 else ("art", "ours")):
+                got = ours_paired(client, stream, n) if who == "ours" else worker.paired(stream, n)
+                for clock in ("wall", "cpu"):
+                    diffs[who][clock] += got[clock]
+        med = {who: {clock: statistics.median(d[clock]) for clock in d} for who, d in diffs.items()}
+        rows.append({"method": "paired", "case": "streamed" if stream else "plain", "rounds": rounds,
+                     "pairs": rounds * n, "ours_overhead_us": med["ours"]["wall"] * 1e6,
+                     "art_overhead_us": med["art"]["wall"] * 1e6, "ratio": med["ours"]["wall"] / med["art"]["wall"],
+                     "ours_cpu_us": med["ours"]["cpu"] * 1e6, "art_cpu_us": med["art"]["cpu"] * 1e6,
+                     "cpu_ratio": med["ours"]["cpu"] / med["art"]["cpu"]})
     return rows
 
 
@@ -184,6 +230,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--block", type=int, default=40, help="calls per block (half as many streamed)")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--methods", default="paired,installed",
+                    help="comma-separated, of paired (the headline), installed, toggled (see this file's docstring)")
     ap.add_argument("--instructions", action="store_true",
                     help="count instructions under valgrind instead of timing (see this file's docstring)")
     ap.add_argument("--repeats", type=int, default=2, help="with --instructions: processes of each kind")
@@ -205,7 +253,8 @@ def main() -> None:
         os.sched_setaffinity(0, {client_cpu})
     worker = ArtWorker(a.art_python, url, client_cpu)
     try:
-        runs = [one_run(url, worker, a.rounds, a.block) for _ in range(a.runs)]
+        methods = tuple(a.methods.split(","))
+        runs = [one_run(url, worker, a.rounds, a.block, methods) for _ in range(a.runs)]
     finally:
         worker.close()
         proc.terminate()
@@ -218,12 +267,21 @@ def main() -> None:
                         "sd": statistics.stdev(ratios) if len(ratios) > 1 else 0.0,
                         "ours_overhead_us": statistics.mean(run[i]["ours_overhead_us"] for run in runs),
                         "art_overhead_us": statistics.mean(run[i]["art_overhead_us"] for run in runs)})
+        if "cpu_ratio" in row:
+            cpu = [run[i]["cpu_ratio"] for run in runs]
+            summary[-1].update(cpu_ratios=cpu, mean_cpu_ratio=statistics.mean(cpu),
+                               cpu_sd=statistics.stdev(cpu) if len(cpu) > 1 else 0.0,
+                               ours_cpu_us=statistics.mean(run[i]["ours_cpu_us"] for run in runs),
+                               art_cpu_us=statistics.mean(run[i]["art_cpu_us"] for run in runs))
     save_result("capture_vs_art", {"cpu_count": os.cpu_count(), "art": worker.versions,
                                    "openai": __import__("openai").__version__, "rounds": a.rounds,
                                    "block": a.block, "runs": runs, "summary": summary})
     for s in summary:
         print(f"{s['method']:9} {s['case']:9} artsdk +{s['ours_overhead_us']:.0f} us/call, ART +{s['art_overhead_us']:.0f} us/call: "
               f"ratio {s['mean_ratio']:.2f} ± {s['sd']:.2f} (runs: {', '.join(f'{r:.2f}' for r in s['ratios'])})")
+        if "cpu_ratios" in s:
+            print(f"{'':9} {'':9} in CPU time: artsdk +{s['ours_cpu_us']:.0f} us/call, ART +{s['art_cpu_us']:.0f} us/call: "
+                  f"ratio {s['mean_cpu_ratio']:.2f} ± {s['cpu_sd']:.2f} (runs: {', '.join(f'{r:.2f}' for r in s['cpu_ratios'])})")
 
 
 if __name__ == "__main__":

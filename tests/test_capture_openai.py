@@ -167,6 +167,51 @@ async def test_async_stream_variants(async_client):
     assert t.calls[1].incomplete and t.calls[1].choices[0].finish_reason is None
 
 
+async def test_a_stream_of_many_batches_of_chunks_is_recorded_whole_and_once(sync_client, async_client):
+    """Chunks are read into the call a batch at a time (``READ_EVERY``) as they pass, and the rest
+    when the stream ends, is left or the rollout ends: every chunk of a stream several batches
+    long is on the call once, in order, sync and async, read to the end or left part way."""
+    from artsdk.capture.openai_patch import READ_EVERY
+
+    words = [f"w{i}" for i in range(3 * READ_EVERY + 5)]  # a chunk a word, the role's and the stop's
+    text = "echo: " + " ".join(words)
+    seen = 2 * READ_EVERY + 3  # chunks the agent reads before leaving the second stream
+
+    def pieces(contents):
+        return "".join(c or "" for c in contents)
+
+    @art.rollout
+    def sync_agent():
+        whole = pieces(c.choices[0].delta.content for c in sync_client.chat.completions.create(
+            model="m", messages=user(" ".join(words)), stream=True))
+        left = sync_client.chat.completions.create(model="m", messages=user(" ".join(words)), stream=True)
+        part = pieces(c.choices[0].delta.content for _, c in zip(range(seen), left))
+        left.close()
+        return whole, part
+
+    @art.rollout
+    async def async_agent():
+        s = await async_client.chat.completions.create(model="m", messages=user(" ".join(words)), stream=True)
+        whole = pieces([c.choices[0].delta.content async for c in s])
+        part = []
+        s2 = await async_client.chat.completions.create(model="m", messages=user(" ".join(words)), stream=True)
+        async for c in s2:
+            part.append(c.choices[0].delta.content)
+            if len(part) == seen:
+                break  # left open: the rollout's end reads what passed
+        return whole, pieces(part)
+
+    for t in (await sync_agent.collect(), await async_agent.collect()):
+        whole, part = t.outcome
+        assert whole == text and len(part) < len(text)
+        full, left = t.calls
+        assert not full.incomplete and full.message["content"] == text
+        assert full.choices[0].token_ids == [ord(c) for c in text]
+        assert full.choices[0].logprobs == [-0.5] * len(text) and full.choices[0].trainable
+        assert left.incomplete and left.message["content"] == part
+        assert left.choices[0].token_ids == [ord(c) for c in part] and left.choices[0].trainable
+
+
 async def test_abandoned_stream_still_recorded_when_rollout_ends_first(async_client):
     keep = []
 

@@ -260,3 +260,41 @@ async def test_a_plain_call_keeps_how_it_ended_whether_it_returned_raised_or_was
     ids = {art.Trajectory().id for _ in range(10_000)}
     assert len(ids) == 10_000 and all(uuid.UUID(hex=i).version == 4 for i in list(ids)[:100])
     client.close()
+
+
+def test_a_forked_child_neither_repeats_its_parents_ids_nor_takes_its_rollouts_for_its_own(sync_client):
+    """Ids are handed out from a batch made ahead, and the process id capture compares a
+    rollout's with is kept rather than asked for: a forked child starts on ids of its own, and a
+    call it makes in a rollout's context it inherited is not recorded on that copy as its own
+    (its calls reach the rollout by its ``art.rollout_env()`` URL, if at all)."""
+    import json
+    import os
+
+    from artsdk.trajectory import new_id
+
+    new_id()  # the parent now holds a batch
+    seen = []
+
+    @art.rollout
+    def agent():
+        r, w = os.pipe()
+        child = os.fork()
+        if child == 0:  # the child: a call in the inherited context, then its ids and what it recorded
+            try:
+                sync_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+                rec = art.capture.current_recorder.get()
+                os.write(w, json.dumps({"ids": [new_id() for _ in range(8)], "recorded": len(rec.calls)}).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        os.waitpid(child, 0)
+        with os.fdopen(r) as f:
+            seen.append(json.loads(f.read()))
+        sync_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "y"}])
+
+    t = agent.collect_sync()
+    (got,) = seen
+    parent = [new_id() for _ in range(8)]
+    assert len(set(got["ids"])) == 8 and not set(got["ids"]) & set(parent) and t.id not in got["ids"]
+    assert got["recorded"] == 0
+    assert [c.messages[0]["content"] for c in t.calls] == ["y"]  # the parent's own call, recorded once

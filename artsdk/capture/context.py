@@ -7,7 +7,6 @@ one dict check.
 
 from __future__ import annotations
 
-import os
 import threading
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..trajectory.records import assigned
 from .cassette import current_cassette
+from . import current
 from .current import current_recorder  # re-exported: defined below record.py, which reads it too
 from .record import failed_call
 
@@ -38,7 +38,7 @@ class Recorder:
         self.seed = seed  # set by art.gather in a session: the rollout's calls sample reproducibly
         self.rollout_id = rollout_id  # the trajectory's id: sent to the backend with its calls
         self.closed = False
-        self.pid = os.getpid()  # a forked child inherits the context, not the rollout: it records nothing
+        self.pid = current.pid  # a forked child inherits the context, not the rollout: it records nothing
         self.copies: dict[str, Any] = {}  # the last call's messages and their copies (record.copied)
         self.children: list[str] = []  # the rollouts run inside this one: their calls are on their trajectories
         self.kept = True  # whether this rollout's trajectory will be stored (a plain call's may not be)
@@ -131,7 +131,7 @@ class one_call:  # noqa: N801 - used as a function: ``with one_call(...) as (rec
 
     def __enter__(self) -> tuple[Optional[Recorder], float, int]:
         rec = current_recorder.get()
-        if rec is not None and rec.pid != os.getpid():
+        if rec is not None and rec.pid != current.pid:
             rec = None  # a forked child: its calls reach the rollout by its art.rollout_env() URL, if at all
         slot = rec.reserve() if rec is not None and not rec.closed else -1
         if rec is not None and slot < 0:  # the rollout has returned: said here (and by the endpoint, as late)

@@ -15,6 +15,7 @@ early, closed, or still open when the rollout ends), and the raw-response wrappe
 from __future__ import annotations
 
 import json
+import threading
 import weakref
 from dataclasses import dataclass
 from time import perf_counter
@@ -27,6 +28,7 @@ from .context import Recorder, Route, current_recorder, for_backend, one_call, r
 from .record import failed_call
 
 _RAW_HEADER = "X-Stainless-Raw-Response"
+READ_EVERY = 64  # streamed chunks read into the call at a time (watch_stream)
 _routed_clients: "weakref.WeakKeyDictionary[Any, dict[tuple[Route, str], Any]]" = weakref.WeakKeyDictionary()
 
 
@@ -216,9 +218,15 @@ def watch_stream(rec: Recorder, slot: int, acc: Any, stream: Any, t0: float, is_
     """Record the stream the agent iterates without changing it: the chunks pass through
     untouched, and the assembled call is recorded when the stream ends, is closed, is left
     early, or when the rollout finishes first. An agent that reads the bytes underneath
-    instead (``stream.response.iter_bytes()``) is recorded from those (``from_bytes``)."""
-    done, seen, iterating = False, False, False
+    instead (``stream.response.iter_bytes()``) is recorded from those (``from_bytes``).
+
+    Chunks are kept as they pass and read into the accumulator ``READ_EVERY`` at a time (and
+    at the end): read one at a time, between the client's own work on the next, the reading
+    code runs cold each time and costs several times what it costs in a loop over many."""
+    done, seen, iterating = False, False, False  # seen: a chunk has passed (read or kept)
     body: dict[str, Any] = {}
+    kept: list[Any] = []  # chunks passed on and not yet read
+    reading = threading.Lock()  # the rollout can end (and read) on another thread while the agent reads
     partial = None
     if from_bytes is not None and getattr(stream, "response", None) is not None:
         # the bytes are kept only if the agent reads them itself: the stream's own iteration
@@ -226,32 +234,43 @@ def watch_stream(rec: Recorder, slot: int, acc: Any, stream: Any, t0: float, is_
         partial = http_body.watch_body(stream.response, lambda data, complete: body.update(data=data, complete=complete),
                                        recorded_otherwise=lambda: iterating)
 
+    def read() -> None:
+        nonlocal seen
+        with reading:
+            seen = seen or bool(kept)
+            for chunk in kept:
+                acc.add(chunk)
+            kept.clear()
+
     def finish(left_early: bool, failure: Optional[str] = None) -> None:
         nonlocal done
         if not done:
             done = True
             vars(stream).pop("close", None)  # (it refers to the stream: a cycle for the collector)
-            if not seen and from_bytes is not None and partial is not None:
+            if not seen and not kept and from_bytes is not None and partial is not None:
                 if "data" not in body:
                     partial()  # what arrived so far
                 if body.get("data"):
                     rec.fill(slot, from_bytes(body["data"], body["complete"]))
                     return
+            read()
             rec.fill(slot, acc.to_call(perf_counter() - t0, left_early, failure))
 
     rec.on_close(slot, lambda: finish(True))
     inner = stream._iterator
     orig_close = stream.close
+    keep = kept.append
 
     if is_async:
         async def agen() -> Any:
-            nonlocal seen, iterating
+            nonlocal iterating
             iterating = True
             complete, failure = False, None
             try:
                 async for chunk in inner:
-                    seen = True
-                    acc.add(chunk)
+                    keep(chunk)
+                    if len(kept) >= READ_EVERY:
+                        read()
                     yield chunk
                 complete = True
             except Exception as e:
@@ -270,13 +289,14 @@ def watch_stream(rec: Recorder, slot: int, acc: Any, stream: Any, t0: float, is_
         stream.close = aclose
     else:
         def gen() -> Any:
-            nonlocal seen, iterating
+            nonlocal iterating
             iterating = True
             complete, failure = False, None
             try:
                 for chunk in inner:
-                    seen = True
-                    acc.add(chunk)
+                    keep(chunk)
+                    if len(kept) >= READ_EVERY:
+                        read()
                     yield chunk
                 complete = True
             except Exception as e:

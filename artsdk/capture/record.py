@@ -8,7 +8,6 @@ on every call and dumping a whole response costs several times more.
 
 from __future__ import annotations
 
-import re
 from operator import attrgetter
 from typing import Any, Iterable, Optional
 
@@ -20,7 +19,6 @@ _NOT_PARAMS = frozenset(
     {"messages", "model", "tools", "stream", "extra_headers", "extra_query", "timeout",
      "api_key", "api_base", "base_url", "client", "metadata", "http_client"}
 )
-_STEP = re.compile(r"@(\d+)$")
 _LOGPROB, _TOKEN = attrgetter("logprob"), attrgetter("token")
 CUT = "the stream ended before its finish reason: the connection was cut"
 
@@ -94,10 +92,10 @@ def extra_field(obj: Any, key: str) -> Any:
 
 def served_step(served_by: Optional[str]) -> Optional[int]:
     """``"agent@3"`` -> 3: artsdk backends name the adapter step that answered."""
-    if served_by and "@" in served_by:
-        m = _STEP.search(served_by)
-        if m:
-            return int(m.group(1))
+    if served_by:
+        _, at, step = served_by.rpartition("@")
+        if at and step.isdigit() and step.isascii():
+            return int(step)
     return None
 
 

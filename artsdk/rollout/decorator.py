@@ -18,19 +18,19 @@ import functools
 import inspect
 import itertools
 import logging
-import os
 from contextlib import nullcontext
-from time import perf_counter
+from datetime import datetime, timezone
+from time import perf_counter, time
 from typing import Any, Awaitable, Callable, Generic, Optional, Sequence, TypeVar, Union, overload
 
 import anyio
 
 from ..backend import current_session
-from ..capture import Recorder, current_recorder
+from ..capture import Recorder, current, current_recorder
 from ..config import settings
 from ..errors import CaptureError, RewardError
 from ..rewards.functions import RewardLike, score
-from ..trajectory.records import ErrorInfo, Trajectory, assigned, constructed, utcnow
+from ..trajectory.records import ErrorInfo, Trajectory, assigned, constructed
 from .reconcile import note_changed_history, with_endpoint_record
 
 log = logging.getLogger("artsdk")
@@ -67,7 +67,7 @@ def _context_fields() -> dict[str, Any]:
 def _inside_kept_rollout() -> bool:
     """Whether the rollout running here (if any) will store its trajectory."""
     outer = current_recorder.get()
-    return outer is not None and outer.kept and outer.pid == os.getpid()
+    return outer is not None and outer.kept and outer.pid == current.pid
 
 
 def _positional(signature: inspect.Signature) -> tuple[list[str], int]:
@@ -159,8 +159,9 @@ class Rollout(Generic[R]):
                 scenario = dict(self.signature.bind(*args, **kwargs).arguments)
             except TypeError as e:
                 raise TypeError(f"rollout {self.name!r}: {e}") from None
-        # unvalidated: every field here is one artsdk made (a plain call of a rollout costs less)
-        return constructed(Trajectory, rollout=self.name, scenario=scenario, **_context_fields())
+        # unvalidated: every field here is one artsdk made (a plain call of a rollout costs less);
+        # its start is set when it ends (``_finish``), from the clock read as it starts
+        return constructed(Trajectory, rollout=self.name, scenario=scenario, started_at=None, **_context_fields())
 
     async def run(self, args: tuple[Any, ...] = (), kwargs: Optional[dict[str, Any]] = None, *,
                   timeout: Optional[float] = None, limiter: Optional[anyio.CapacityLimiter] = None,
@@ -230,7 +231,7 @@ class _Recording:
     call's when recording is on or a session is open). (A class, not a generator: a plain call of
     a rollout runs it every time, and capture's cost is what it adds to a call.)"""
 
-    __slots__ = ("rollout", "args", "kwargs", "seed", "fields", "kept", "traj", "rec", "t0", "token")
+    __slots__ = ("rollout", "args", "kwargs", "seed", "fields", "kept", "traj", "rec", "t0", "wall0", "token")
 
     def __init__(self, rollout: Rollout[Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, plain: bool = False,
                  seed: Optional[int] = None, fields: Optional[dict[str, Any]] = None) -> None:
@@ -244,14 +245,14 @@ class _Recording:
             for k, v in self.fields.items():
                 setattr(traj, k, v)
         outer = current_recorder.get()  # a rollout called inside another one: the outer refers to it
-        if outer is not None and outer.pid != os.getpid():
+        if outer is not None and outer.pid != current.pid:
             outer = None  # a forked child's copy of the context: no rollout of this process
         rec = self.rec = Recorder(self.seed, traj.id)
         rec.kept = self.kept
         if outer is not None:
             traj.metadata["parent"] = outer.rollout_id
             outer.children.append(traj.id)
-        self.t0 = perf_counter()
+        self.t0, self.wall0 = perf_counter(), time()
         self.token = current_recorder.set(rec)
         self.traj = traj  # set last: a call the block never ran (bad arguments) leaves no trajectory
         return traj
@@ -266,19 +267,23 @@ class _Recording:
                                                                    f"({type(e).__name__})")
         finally:
             current_recorder.reset(self.token)
-            _finish(traj, self.rec, perf_counter() - self.t0)
+            _finish(traj, self.rec, self.wall0, perf_counter() - self.t0)
 
 
-def _finish(traj: Trajectory, rec: Recorder, duration: float) -> None:
+def _finish(traj: Trajectory, rec: Recorder, started: float, duration: float) -> None:
     calls = rec.close()
-    # set as artsdk made them, without pydantic's per-field assignment (this runs on every call of a rollout)
-    assigned(traj, calls=calls, duration=duration, ended_at=utcnow())
+    ended = time()
+    # set as artsdk made them, without pydantic's per-field assignment (this runs on every call
+    # of a rollout); both times made here, one right after the other, costs less than apart
+    assigned(traj, calls=calls, duration=duration, started_at=datetime.fromtimestamp(started, timezone.utc),
+             ended_at=datetime.fromtimestamp(ended, timezone.utc))
     if rec.notes:
         traj.warnings.extend(rec.notes)
     if traj.step is None:
-        steps = [c.step for c in calls if c.step is not None]
-        if steps:
-            assigned(traj, step=steps[-1])
+        for c in reversed(calls):
+            if c.step is not None:
+                assigned(traj, step=c.step)
+                break
     if rec.children:  # each call is on one trajectory: the innermost rollout's, which this one names
         traj.metadata["children"] = list(rec.children)
     if not calls and not rec.children and traj.error is None:
@@ -288,10 +293,12 @@ def _finish(traj: Trajectory, rec: Recorder, duration: float) -> None:
         # transports: a lost connection): the rollout failed because strict capture refused
         traj.error = ErrorInfo(type=CaptureError.__name__, traceback=traj.error.traceback,
                                message=f"{rec.refused} (the agent got {traj.error.type}: {traj.error.message})")
-    cut = next((c for c in calls if c.incomplete and c.error), None)
-    if cut is not None and traj.error is None:
-        # the agent went on with an answer it did not know was cut short: not a result to train on
-        traj.error = ErrorInfo(type="StreamCutError", message=f"call {cut.index}: {cut.error}")
+    if traj.error is None:
+        for cut in calls:
+            if cut.incomplete and cut.error:
+                # the agent went on with an answer it did not know was cut short: not a result to train on
+                traj.error = ErrorInfo(type="StreamCutError", message=f"call {cut.index}: {cut.error}")
+                break
 
 
 @overload
