@@ -421,6 +421,30 @@ def test_a_call_an_event_hook_makes_is_a_call_of_its_own(server, sync_client):
     assert "through a httpx client" in warning
 
 
+def test_a_call_an_auth_flow_makes_is_a_call_of_its_own(server, sync_client):
+    """An httpx auth flow is the agent's code too, run inside ``send`` (a patched call's
+    request passes the sentinel at once only where no hook or auth flow runs on its way)."""
+    import httpx
+    from openai import OpenAI
+
+    class Signed(httpx.Auth):
+        def auth_flow(self, request):
+            if b"watched" in request.content:
+                sync_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "from the auth"}])
+            yield request
+
+    watched = OpenAI(base_url=server.base_url, api_key="k", http_client=httpx.Client(auth=Signed()))
+
+    @art.rollout
+    def agent() -> str:
+        return watched.chat.completions.create(model="m", messages=[{"role": "user", "content": "watched"}]) \
+            .choices[0].message.content
+
+    t = agent.collect_sync()
+    assert t.outcome == "echo: watched"
+    assert [c.messages[0]["content"] for c in t.calls] == ["watched", "from the auth"]
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 async def test_a_strict_refusal_reaches_the_agent_as_capture_error(server, mode):
     """On openai 2.x the client took the refusal for a broken connection: two retries with

@@ -42,6 +42,14 @@ def unpatch(module: Any) -> None:
                 setattr(cls, name, fn.__wrapped__)
 
 
+def _agent_code_inside(client: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether ``send`` will run code of the agent's: an event hook, or an auth flow."""
+    hooks = client._event_hooks
+    auth = kwargs.get("auth")
+    return bool(hooks["request"] or hooks["response"] or client._auth is not None
+                or (auth is not None and type(auth).__name__ != "UseClientDefault"))
+
+
 def _check(request: Any, library: str) -> None:
     if inside_call.get():
         return  # a patched call sending (the usual case): nothing to judge, no URL to spell out
@@ -55,6 +63,14 @@ def _sync_send(orig: Callable[..., Any], library: str) -> Callable[..., Any]:
     def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         if current_recorder.get() is None:
             return orig(self, request, *args, **kwargs)
+        if inside_call.get() and not _agent_code_inside(self, kwargs):
+            # a patched call sending (the usual case), and nothing of the agent's runs on the way:
+            # the request is judged (passed) once, here, for the transport and the sockets below
+            judging = judged.set(True)
+            try:
+                return orig(self, request, *args, **kwargs)
+            finally:
+                judged.reset(judging)
         _check(request, library)
         # the client's event hooks run as the agent (no patched call running); the transport learns
         # whether one was
@@ -72,6 +88,12 @@ def _async_send(orig: Callable[..., Any], library: str) -> Callable[..., Any]:
     async def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         if current_recorder.get() is None:
             return await orig(self, request, *args, **kwargs)
+        if inside_call.get() and not _agent_code_inside(self, kwargs):  # as in _sync_send
+            judging = judged.set(True)
+            try:
+                return await orig(self, request, *args, **kwargs)
+            finally:
+                judged.reset(judging)
         _check(request, library)
         sent, running = _sent_inside.set(inside_call.get()), inside_call.set(False)  # as in _sync_send
         try:
@@ -85,7 +107,7 @@ def _async_send(orig: Callable[..., Any], library: str) -> Callable[..., Any]:
 
 def _sync_transport(orig: Callable[..., Any], library: str) -> Callable[..., Any]:
     def send_single(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        if current_recorder.get() is None:
+        if current_recorder.get() is None or judged.get():  # judged: passed by ``send`` at once
             return orig(self, request, *args, **kwargs)
         # the request as ``send`` was given it, judged there once: the sentinels below let it pass
         running, judging = inside_call.set(bool(_sent_inside.get())), judged.set(True)
@@ -100,7 +122,7 @@ def _sync_transport(orig: Callable[..., Any], library: str) -> Callable[..., Any
 
 def _async_transport(orig: Callable[..., Any], library: str) -> Callable[..., Any]:
     async def send_single(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        if current_recorder.get() is None:
+        if current_recorder.get() is None or judged.get():  # as in _sync_transport
             return await orig(self, request, *args, **kwargs)
         running, judging = inside_call.set(bool(_sent_inside.get())), judged.set(True)  # as in _sync_transport
         try:
