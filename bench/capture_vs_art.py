@@ -40,6 +40,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -88,8 +89,8 @@ def ours_paired(client: OpenAI, stream: bool, n: int) -> dict[str, list[float]]:
     return pairs(call, art.rollout(name="bench")(call), n)
 
 
-class ArtWorker:
-    """bench/art_worker.py in ART's venv (or another worker speaking its protocol), driven one
+class Worker:
+    """bench/art_worker.py in ART's venv (or bench/ours_worker.py: the same protocol), driven one
     block at a time; ``under``: a command to run it under (valgrind)."""
 
     def __init__(self, python: str, url: str, cpu: int | None, script: str = "art_worker.py",
@@ -108,7 +109,7 @@ class ArtWorker:
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
-            raise SystemExit(f"ART's worker ended (exit {self.proc.wait()}); its error is above")
+            raise SystemExit(f"a worker ended (exit {self.proc.wait()}); its error is above")
         return json.loads(line)["seconds"]
 
     def paired(self, stream: bool, n: int) -> dict[str, list[float]]:
@@ -116,7 +117,7 @@ class ArtWorker:
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
-            raise SystemExit(f"ART's worker ended (exit {self.proc.wait()}); its error is above")
+            raise SystemExit(f"a worker ended (exit {self.proc.wait()}); its error is above")
         return json.loads(line)
 
     def close(self) -> None:
@@ -124,11 +125,12 @@ class ArtWorker:
         self.proc.wait(10)
 
 
-def one_run(url: str, worker: ArtWorker, rounds: int, block: int, methods: tuple[str, ...]) -> list[dict[str, Any]]:
-    client = OpenAI(base_url=url, api_key="k", max_retries=0)
+def one_run(workers: dict[str, Worker], rounds: int, block: int, methods: tuple[str, ...]) -> list[dict[str, Any]]:
+    """One run: ``workers`` are each system's (fresh processes, so that the runs also sample what
+    differs between one process and the next: memory layout, hash seeds)."""
     rows = []
     if "paired" in methods:
-        rows += paired_rows(client, worker, rounds, block)
+        rows += paired_rows(workers, rounds, block)
     for method in (m for m in ("installed", "toggled") if m in methods):
         toggle = method == "toggled"
         for stream in (False, True):
@@ -137,9 +139,8 @@ def one_run(url: str, worker: ArtWorker, rounds: int, block: int, methods: tuple
                 order = [("ours", False), ("ours", True), ("art", False), ("art", True)]
                 for who, captured in (order if r % 2 == 0 else order[::-1]):  # neither always goes first
                     n = block // 2 if stream else block
-                    t = (ours(client, captured, stream, n, toggle) if who == "ours"
-                         else worker.block(captured, stream, n, toggle))
-                    times[f"{who}_{'captured' if captured else 'plain'}"].append(t)
+                    times[f"{who}_{'captured' if captured else 'plain'}"].append(
+                        workers[who].block(captured, stream, n, toggle))
             over = {who: [c - p for p, c in zip(times[f"{who}_plain"], times[f"{who}_captured"])]
                     for who in ("ours", "art")}
             o, a = statistics.median(over["ours"]), statistics.median(over["art"])
@@ -147,12 +148,10 @@ def one_run(url: str, worker: ArtWorker, rounds: int, block: int, methods: tuple
                          "ours_uncaptured_ms": statistics.median(times["ours_plain"]) * 1e3,
                          "art_uncaptured_ms": statistics.median(times["art_plain"]) * 1e3,
                          "ours_overhead_us": o * 1e6, "art_overhead_us": a * 1e6, "ratio": o / a})
-    capture.install()
-    client.close()
     return rows
 
 
-def paired_rows(client: OpenAI, worker: ArtWorker, rounds: int, block: int) -> list[dict[str, Any]]:
+def paired_rows(workers: dict[str, Worker], rounds: int, block: int) -> list[dict[str, Any]]:
     """The headline: each system's overhead as the median, over every pair of the run, of a
     captured call's time minus the uncaptured call's made right beside it (bench/paired.py), in
     wall time and in CPU time; the systems take turns a round at a time."""
@@ -162,7 +161,7 @@ def paired_rows(client: OpenAI, worker: ArtWorker, rounds: int, block: int) -> l
         diffs: dict[str, dict[str, list[float]]] = {who: {"wall": [], "cpu": []} for who in ("ours", "art")}
         for r in range(rounds):
             for who in (("ours", "art") if r % 2 == 0 else ("art", "ours")):
-                got = ours_paired(client, stream, n) if who == "ours" else worker.paired(stream, n)
+                got = workers[who].paired(stream, n)
                 for clock in ("wall", "cpu"):
                     diffs[who][clock] += got[clock]
         med = {who: {clock: statistics.median(d[clock]) for clock in d} for who, d in diffs.items()}
@@ -184,7 +183,7 @@ def counted(python: str, script: str, url: str, captured: bool, stream: bool, n:
         out = Path(d) / "cg.out"
         under = ("valgrind", "--tool=callgrind", "--instr-atstart=no", "--collect-atstart=no",
                  "--toggle-collect=functools_reduce", f"--callgrind-out-file={out}")
-        w = ArtWorker(python, url, None, script, under)
+        w = Worker(python, url, None, script, under)
         try:
             subprocess.run(["callgrind_control", "-i", "on", str(w.proc.pid)], check=True, capture_output=True)
             for _ in range(3):  # warm: the first calls import and build what later ones reuse
@@ -198,7 +197,6 @@ def counted(python: str, script: str, url: str, captured: bool, stream: bool, n:
 
 def instructions(a: argparse.Namespace, url: str) -> None:
     import shutil
-    import sys
     from concurrent.futures import ThreadPoolExecutor
 
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
@@ -251,12 +249,22 @@ def main() -> None:
     if client_cpu is not None:
         os.sched_setaffinity(proc.pid, set(cpus[1:]))
         os.sched_setaffinity(0, {client_cpu})
-    worker = ArtWorker(a.art_python, url, client_cpu)
+    methods = tuple(a.methods.split(","))
+    runs, versions = [], {}
     try:
-        methods = tuple(a.methods.split(","))
-        runs = [one_run(url, worker, a.rounds, a.block, methods) for _ in range(a.runs)]
+        for _ in range(a.runs):
+            workers = {"ours": Worker(sys.executable, url, client_cpu, "ours_worker.py"),
+                       "art": Worker(a.art_python, url, client_cpu)}
+            try:
+                for w in workers.values():  # warm: the first calls import and build what later ones reuse
+                    w.paired(False, 20)
+                    w.paired(True, 10)
+                runs.append(one_run(workers, a.rounds, a.block, methods))
+                versions = workers["art"].versions
+            finally:
+                for w in workers.values():
+                    w.close()
     finally:
-        worker.close()
         proc.terminate()
         proc.wait(10)
     summary = []
@@ -273,7 +281,7 @@ def main() -> None:
                                cpu_sd=statistics.stdev(cpu) if len(cpu) > 1 else 0.0,
                                ours_cpu_us=statistics.mean(run[i]["ours_cpu_us"] for run in runs),
                                art_cpu_us=statistics.mean(run[i]["art_cpu_us"] for run in runs))
-    save_result("capture_vs_art", {"cpu_count": os.cpu_count(), "art": worker.versions,
+    save_result("capture_vs_art", {"cpu_count": os.cpu_count(), "art": versions,
                                    "openai": __import__("openai").__version__, "rounds": a.rounds,
                                    "block": a.block, "runs": runs, "summary": summary})
     for s in summary:

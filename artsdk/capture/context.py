@@ -88,10 +88,11 @@ class Recorder:
     def close(self) -> list[LLMCall]:
         """Finish streams the agent abandoned and return the calls in order; from now on, a
         call that ends is logged as made after the rollout, not added."""
-        with self._lock:
-            pending = list(self._pending.values())
-        for finish in pending:
-            finish()
+        if self._pending:  # streams still open (a finish registered from now on is too late either way)
+            with self._lock:
+                pending = list(self._pending.values())
+            for finish in pending:
+                finish()
         with self._lock:
             self.closed = True
             calls = [c for c in self.calls if c is not None]

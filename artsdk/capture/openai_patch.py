@@ -98,7 +98,7 @@ def routed(resource: Any, model: Any, api: API) -> tuple[Any, dict[str, Any] | N
     backend): for a trainable model during a session, the same client pointed at the
     backend's endpoint -- unless it points at that server already (a rollout's own
     ``art.rollout_env()`` URL, say), which is kept."""
-    found = route_for(model)
+    found = route_for(model) if routes else None  # (no session open: the usual case, decided here)
     if found is None:
         return resource, None, False
     route, send_as = found
