@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+from functools import partial
 from typing import Any, Callable
 
 from ..trajectory.records import LLMCall
@@ -78,8 +79,8 @@ def _replay_stream(resource: Any, call: LLMCall) -> Any:
 
 
 MESSAGES = API(provider=PROVIDER, path="messages", classes=_classes, methods=("create",),
-               request=messages_request, from_response=lambda kw, resp, t: from_response(PROVIDER, kw, resp, t),
-               accumulator=lambda kw: MessagesStreamAccumulator(PROVIDER, kw),
+               request=messages_request, from_response=partial(from_response, PROVIDER),
+               accumulator=partial(MessagesStreamAccumulator, PROVIDER),
                parse_body=_built_as("anthropic.types:Message"),
                parse_event=_built_as("anthropic.types:RawMessageStreamEvent"), replay=_replay,
                base_url=lambda url: url.rstrip("/").removesuffix("/v1"))  # its paths start with /v1

@@ -14,8 +14,8 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..trajectory.records import assigned
-from .cassette import current_cassette
 from . import current
+from .cassette import current_cassette
 from .current import current_recorder  # re-exported: defined below record.py, which reads it too
 from .record import failed_call
 

@@ -5,6 +5,7 @@ request and answer are read as the openai client's, ``record.py``).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from ..trajectory.records import LLMCall
@@ -27,6 +28,6 @@ def _patch_completion_streams() -> None:
 
 
 COMPLETION = Kind(provider="litellm", functions=("completion", "acompletion"), positional=("model", "messages"),
-                  request=request_parts, from_response=lambda kw, resp, t: from_response("litellm", kw, resp, t),
-                  accumulator=lambda kw: StreamAccumulator("litellm", kw), replay=_completion_replay,
+                  request=request_parts, from_response=partial(from_response, "litellm"),
+                  accumulator=partial(StreamAccumulator, "litellm"), replay=_completion_replay,
                   patch_streams=_patch_completion_streams)

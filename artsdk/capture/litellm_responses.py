@@ -4,6 +4,7 @@ openai client's Responses API (``responses_record.py``)."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from ..trajectory.records import LLMCall
@@ -35,6 +36,6 @@ def _patch_streams() -> None:
 
 
 RESPONSES = Kind(provider=PROVIDER, functions=("responses", "aresponses"), positional=("input", "model"),
-                 request=responses_request, from_response=lambda kw, resp, t: from_response(PROVIDER, kw, resp, t),
-                 accumulator=lambda kw: ResponsesStreamAccumulator(PROVIDER, kw), replay=_replay,
+                 request=responses_request, from_response=partial(from_response, PROVIDER),
+                 accumulator=partial(ResponsesStreamAccumulator, PROVIDER), replay=_replay,
                  patch_streams=_patch_streams)

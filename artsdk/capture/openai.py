@@ -5,6 +5,7 @@ what is particular to chat completions is here and in ``record.py``.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from ..trajectory.records import LLMCall
@@ -35,7 +36,7 @@ def _chat_replay(resource: Any, kwargs: dict[str, Any], kind: str, call: LLMCall
 
 
 CHAT = API(provider="openai", path="chat.completions", classes=_chat_classes, methods=("create", "parse"),
-           request=request_parts, from_response=lambda kw, resp, t: from_response("openai", kw, resp, t),
-           accumulator=lambda kw: StreamAccumulator("openai", kw),
+           request=request_parts, from_response=partial(from_response, "openai"),
+           accumulator=partial(StreamAccumulator, "openai"),
            parse_body=built_as("openai.types.chat:ChatCompletion"),
            parse_event=built_as("openai.types.chat:ChatCompletionChunk"), replay=_chat_replay)

@@ -127,11 +127,6 @@ def _same_server(a: str, b: str) -> bool:
     return bool(x.netloc) and (x.scheme, x.netloc) == (y.scheme, y.netloc)
 
 
-def _raw_mode(kwargs: dict[str, Any]) -> Optional[str]:
-    headers = kwargs.get("extra_headers")
-    return headers.get(_RAW_HEADER) if headers else None
-
-
 def _wrap_sync(orig: Callable[..., Any], kind: str, api: API) -> Callable[..., Any]:
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not context.active():
@@ -172,7 +167,8 @@ def _wrap_async(orig: Callable[..., Any], kind: str, api: API) -> Callable[..., 
 
 def _record(rec: Recorder, slot: int, api: API, kwargs: dict[str, Any], resp: Any, t0: float, *,
             is_async: bool) -> None:
-    if _raw_mode(kwargs) is not None and hasattr(resp, "http_response"):
+    headers = kwargs.get("extra_headers")  # with_raw_response / with_streaming_response say so in a header
+    if headers and headers.get(_RAW_HEADER) is not None and hasattr(resp, "http_response"):
         _watch_raw(rec, slot, api, kwargs, resp.http_response, t0)
     elif kwargs.get("stream") is True:
         def from_bytes(body: bytes, complete: bool) -> LLMCall:
@@ -222,7 +218,8 @@ def watch_stream(rec: Recorder, slot: int, acc: Any, stream: Any, t0: float, is_
 
     Chunks are kept as they pass and read into the accumulator ``READ_EVERY`` at a time (and
     at the end): read one at a time, between the client's own work on the next, the reading
-    code runs cold each time and costs several times what it costs in a loop over many."""
+    code runs cold each time and costs several times what it costs in a loop over many. So a
+    chunk is read as the agent left it: one the agent changes in place is recorded changed."""
     done, seen, iterating = False, False, False  # seen: a chunk has passed (read or kept)
     body: dict[str, Any] = {}
     kept: list[Any] = []  # chunks passed on and not yet read

@@ -7,6 +7,7 @@ is here and in ``responses_record.py``.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from ..trajectory.records import LLMCall
@@ -41,7 +42,7 @@ def _replay(resource: Any, kwargs: dict[str, Any], kind: str, call: LLMCall) -> 
 
 
 RESPONSES = API(provider=PROVIDER, path="responses", classes=_classes, methods=("create", "parse"),
-                request=responses_request, from_response=lambda kw, resp, t: from_response(PROVIDER, kw, resp, t),
-                accumulator=lambda kw: ResponsesStreamAccumulator(PROVIDER, kw),
+                request=responses_request, from_response=partial(from_response, PROVIDER),
+                accumulator=partial(ResponsesStreamAccumulator, PROVIDER),
                 parse_body=built_as("openai.types.responses:Response"),
                 parse_event=built_as("openai.types.responses:ResponseStreamEvent"), replay=_replay)

@@ -143,12 +143,6 @@ class Rollout(Generic[R]):
 
             default_store().submit(recording.traj)
 
-    @staticmethod
-    def _keeps(plain: bool) -> bool:
-        """Whether a rollout's trajectory is stored: always when collected or gathered; a plain
-        call's when recording is on or a session is open."""
-        return not plain or bool(settings().record_calls) or current_session() is not None
-
     # -- trajectories -----------------------------------------------------------------
 
     def _new(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trajectory:
@@ -237,7 +231,7 @@ class _Recording:
     def __init__(self, rollout: Rollout[Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, plain: bool = False,
                  seed: Optional[int] = None, fields: Optional[dict[str, Any]] = None) -> None:
         self.rollout, self.args, self.kwargs, self.seed, self.fields = rollout, args, kwargs, seed, fields
-        self.kept = Rollout._keeps(plain)
+        self.kept = not plain or bool(settings().record_calls) or current_session() is not None
         self.traj: Optional[Trajectory] = None
 
     def __enter__(self) -> Trajectory:
