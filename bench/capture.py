@@ -1,18 +1,19 @@
 """Capture overhead: the same chat-completion and Responses API calls to a loopback server
 with and without capture.
 
-    python -m bench.capture [--calls 2000]
+    python -m bench.capture [--calls 1000]
 
-The server runs in its own process so it does not share this process's GIL. Blocks of
-calls alternate between "uncaptured" (artsdk's patches removed) and "captured" (inside a
-rollout, every call recorded) so machine noise hits both alike; the median block time per
-call is compared. Writes bench/results/capture.json.
+The server runs in its own process (on the other CPU) so it does not share this process's GIL.
+Each captured call (a plain call of a rollout of one call: recorded, not stored) is timed right
+beside an uncaptured one (artsdk's patches in place, outside a rollout; bench/paired.py), and
+the overhead is the median of those differences. Writes bench/results/capture.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import socket
 import statistics
@@ -20,9 +21,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import artsdk as art
 from bench.common import save_result
+from bench.paired import pairs
 from artsdk import capture
 from openai import AsyncOpenAI, OpenAI
 
@@ -55,53 +58,93 @@ def start_server() -> tuple[subprocess.Popen, str]:
             time.sleep(0.2)
 
 
-def sync_block(client: OpenAI, n: int, stream: bool, api: str = "chat") -> float:
-    t0 = time.perf_counter()
-    for _ in range(n):
-        if api == "responses":
-            out = client.responses.create(model="m", input=MSGS[1:], instructions=MSGS[0]["content"], stream=stream)
-        else:
-            out = client.chat.completions.create(model="m", messages=MSGS, stream=stream)
-        if stream:
-            for _ in out:
-                pass
-    return (time.perf_counter() - t0) / n
+def one_call(client: Any, stream: bool, api: str = "chat") -> Any:
+    """One call of the kind measured (a coroutine for an async client)."""
+    if api == "responses":
+        out = client.responses.create(model="m", input=MSGS[1:], instructions=MSGS[0]["content"], stream=stream)
+    else:
+        out = client.chat.completions.create(model="m", messages=MSGS, stream=stream)
+    if stream:
+        for _ in out:
+            pass
+    return out
 
 
-def measure(label: str, url: str, calls: int, block: int, stream: bool, api: str = "chat") -> dict:
+def row(label: str, got: dict[str, list[float]]) -> dict:
+    p, over = statistics.median(got["uncaptured"]), statistics.median(got["wall"])
+    return {"case": label, "calls": len(got["wall"]), "uncaptured_ms": p * 1e3, "captured_ms": (p + over) * 1e3,
+            "overhead_us": over * 1e6, "overhead_pct": 100 * over / p}
+
+
+def measure(label: str, url: str, calls: int, stream: bool, api: str = "chat") -> dict:
     client = OpenAI(base_url=url, api_key="k", max_retries=0)
-    rec_block = art.rollout(lambda n: sync_block(client, n, stream, api))
-    plain, captured = [], []
-    for _ in range(max(1, calls // (2 * block))):
-        capture.uninstall()
-        plain.append(sync_block(client, block, stream, api))
-        capture.install()
-        captured.append(rec_block(block))  # a plain call of the rollout: records, does not store
-    p, c = statistics.median(plain), statistics.median(captured)
-    return {"case": label, "calls": calls, "uncaptured_ms": p * 1e3, "captured_ms": c * 1e3,
-            "overhead_us": (c - p) * 1e6, "overhead_pct": 100 * (c - p) / p}
+    plain = functools.partial(one_call, client, stream, api)
+    captured = art.rollout(plain)  # a plain call of the rollout: records, does not store
+    for _ in range(20):  # warm
+        plain(), captured()
+    return row(label, pairs(plain, captured, calls))
 
 
-async def async_measure(url: str, calls: int, block: int) -> dict:
-    client = AsyncOpenAI(base_url=url, api_key="k", max_retries=0)
+def async_measure(url: str, calls: int) -> dict:
+    with asyncio.Runner() as runner:  # one event loop for every call, as an async agent has
+        client = AsyncOpenAI(base_url=url, api_key="k", max_retries=0)
 
-    async def run(n: int) -> float:
-        t0 = time.perf_counter()
-        for _ in range(n):
+        async def plain() -> None:
             await client.chat.completions.create(model="m", messages=MSGS)
-        return (time.perf_counter() - t0) / n
 
-    rec = art.rollout(run)
-    plain, captured = [], []
-    for _ in range(max(1, calls // (2 * block))):
-        capture.uninstall()
-        plain.append(await run(block))
-        capture.install()
-        captured.append(await rec(block))
-    await client.close()
-    p, c = statistics.median(plain), statistics.median(captured)
-    return {"case": "async", "calls": calls, "uncaptured_ms": p * 1e3, "captured_ms": c * 1e3,
-            "overhead_us": (c - p) * 1e6, "overhead_pct": 100 * (c - p) / p}
+        captured = art.rollout(plain)
+        for _ in range(20):
+            runner.run(plain()), runner.run(captured())
+        got = pairs(lambda: runner.run(plain()), lambda: runner.run(captured()), calls)
+        runner.run(client.close())
+    return row("async", got)
+
+
+def turns_cost(url: str, calls: int, rounds: int = 20) -> list[dict]:
+    """What capture adds to the call at turn 1, 10 and 20 of a conversation, in place: the
+    conversation's messages so far (two a turn: the answer and a new user message), sent with
+    the rollout's recorder holding what its call before this one sent (the state the turn's call
+    finds in a real rollout: those messages were copied then, only the two new ones are now),
+    each such call timed right beside the same call made outside a rollout (bench/paired.py).
+    The turns take turns, ``rounds`` times, so that the machine's speed drifting (it does, by
+    tens of percent over minutes) reaches all three alike."""
+    import contextvars
+
+    from artsdk.capture.context import Recorder, current_recorder
+
+    client = OpenAI(base_url=url, api_key="k", max_retries=0)
+    cases = {}
+    for turn in (1, 10, 20):
+        messages = [dict(MSGS[0])] + [{"role": "user" if i % 2 == 0 else "assistant",
+                                        "content": f"turn {i // 2 + 1}: what is the capital of France? "
+                                                   f"one word please" if i % 2 == 0 else "Paris"}
+                                       for i in range(2 * turn - 1)]
+        rec = Recorder()
+        inside = contextvars.copy_context()
+        inside.run(current_recorder.set, rec)
+        inside.run(client.chat.completions.create, model="m", messages=messages[:-2])  # the turn before
+        call = functools.partial(client.chat.completions.create, model="m", messages=messages)
+
+        def captured(rec: Recorder = rec, before: list = rec.copies["last"], inside: Any = inside,
+                     call: Any = call) -> None:
+            rec.copies["last"] = before  # as the call of the turn before left it
+            del rec.calls[1:]  # (a real conversation's recorder holds a call a turn, not one a pair)
+            inside.run(call)
+
+        cases[turn] = (len(messages), call, captured)
+    got: dict[int, dict[str, list[float]]] = {turn: {"wall": [], "cpu": []} for turn in cases}
+    for _ in range(rounds):
+        for turn, (_, call, captured) in cases.items():
+            for clock, values in pairs(call, captured, max(1, calls // rounds)).items():
+                if clock in got[turn]:
+                    got[turn][clock] += values
+    rows = []
+    for turn, (size, _, _) in cases.items():
+        rows.append({"case": f"turn {turn} of a conversation ({size} messages), in place", "turn": turn,
+                     "overhead_us": statistics.median(got[turn]["wall"]) * 1e6,
+                     "cpu_us": statistics.median(got[turn]["cpu"]) * 1e6})
+        rows[-1]["vs_turn_1"] = rows[-1]["overhead_us"] / rows[0]["overhead_us"]
+    return rows
 
 
 def direct_cost(n: int = 3000) -> dict:
@@ -194,16 +237,21 @@ def direct_cost_responses(n: int = 3000) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--calls", type=int, default=2000)
-    ap.add_argument("--block", type=int, default=50)
+    ap.add_argument("--calls", type=int, default=1000, help="pairs of calls of each kind (half as many streamed)")
     a = ap.parse_args()
     proc, url = start_server()
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) > 1:  # the server on one CPU, this client on another
+        os.sched_setaffinity(proc.pid, set(cpus[1:]))
+        os.sched_setaffinity(0, {cpus[0]})
+    capture.install()
     try:
-        rows = [measure("sync", url, a.calls, a.block, stream=False),
-                asyncio.run(async_measure(url, a.calls, a.block)),
-                measure("sync stream", url, a.calls // 2, a.block, stream=True),
-                measure("responses", url, a.calls, a.block, stream=False, api="responses"),
-                measure("responses stream", url, a.calls // 2, a.block, stream=True, api="responses"),
+        rows = [measure("sync", url, a.calls, stream=False),
+                async_measure(url, a.calls),
+                measure("sync stream", url, a.calls // 2, stream=True),
+                measure("responses", url, a.calls, stream=False, api="responses"),
+                measure("responses stream", url, a.calls // 2, stream=True, api="responses"),
+                *turns_cost(url, a.calls),
                 direct_cost(), direct_cost_responses(), *conversation_cost()]
     finally:
         proc.terminate()
