@@ -1,35 +1,39 @@
 """Capture overhead beside OpenPipe ART's, in one run: the same chat-completion calls (plain and
-streamed) to one loopback server, each system with and without its capture, in alternating
-rounds so that machine noise hits all four alike.
+streamed) to one loopback server, each system with and without its capture, each system's calls
+made by a worker process of its own (bench/ours_worker.py here, bench/art_worker.py in ART's
+venv), started afresh for every run, so that the runs also sample what differs between one
+process and the next.
 
-Two ways of taking the uncaptured calls, each run measures both:
+Three ways of timing them:
 
-- ``installed`` (the headline): each system's patches are in place throughout, as they are in a
-  program that imported it; an uncaptured call is one made outside a capture scope (outside a
-  rollout; outside an ``AutoTrajectoryContext``), so what a patch costs a call it lets pass is in
-  both sides of the difference, and the overhead is what capturing a call adds.
-- ``toggled``: the patches are taken out for each uncaptured block and put back for each captured
-  one (what this bench measured first). Changing a class's methods every block throws away the
-  interpreter's specialised caches for the code that uses those classes, and both systems pay
-  for that again in every block.
+- ``paired`` (the headline): each captured call is timed right beside an uncaptured one
+  (bench/paired.py; which goes first alternates), in wall time and in the process's CPU time; a
+  system's overhead is the median of those differences over the run. Both systems' patches are
+  in place throughout, as in a program that imported them; an uncaptured call is one made
+  outside a capture scope (outside a rollout; outside an ``AutoTrajectoryContext``).
+- ``installed``: the same calls timed a block at a time, captured blocks and uncaptured blocks
+  alternating; a system's overhead is the median over rounds of (captured - uncaptured) seconds
+  per call. The machine's drift between blocks lands in every difference: its runs spread
+  several times wider.
+- ``toggled`` (not run unless asked for): as ``installed``, with the patches taken out for each
+  uncaptured block and put back for each captured one (what this bench measured first). Changing
+  a class's methods every block throws away the interpreter's specialised caches for the code
+  that uses those classes, and both systems pay for that again in every block.
 
     python3.11 -m venv .venv-art && .venv-art/bin/pip install openpipe-art==0.5.18 "openai==2.54.*"
-    python -m bench.capture_vs_art [--art-python .venv-art/bin/python] [--rounds 30 --block 40 --runs 3]
+    python -m bench.capture_vs_art [--art-python .venv-art/bin/python] [--runs 6 --methods paired,installed]
     python -m bench.capture_vs_art --instructions   # the same calls, counted in instructions (valgrind)
 
-Timings of a few hundred microseconds are at the mercy of a shared machine: on a noisy one the
-ratio of one run can be anywhere between 0.2 and 1.7. ``--instructions`` runs both systems'
-workers (bench/ours_worker.py, bench/art_worker.py) under valgrind's callgrind and counts the
-machine instructions of each block of calls instead, which no neighbour changes (installed
-patches, as in the headline timing). Instructions are not time -- code that runs cold costs more
-per instruction -- but they are what each system's capture asks of the CPU.
+``--instructions`` runs both systems' workers under valgrind's callgrind and counts the machine
+instructions of each block of calls instead, which no neighbour changes (installed patches).
+Instructions are not time -- code that runs cold costs more per instruction -- but they are what
+each system's capture asks of the CPU.
 
 Each captured call is one rollout of one call: ``@art.rollout`` here, ART's
-``AutoTrajectoryContext`` (what ``capture_auto_trajectory`` opens) in its own venv
-(bench/art_worker.py), each client from its own environment. A system's overhead is the median
-over rounds of (captured - uncaptured) seconds per call; the ratio is artsdk's over ART's, one
-per run, reported with their mean and spread. The clients run on one CPU, the server on the
-other. Writes bench/results/capture_vs_art.json.
+``AutoTrajectoryContext`` (what ``capture_auto_trajectory`` opens), each client from its own
+environment. The ratio is artsdk's overhead over ART's, one per run, reported with their mean
+and spread. The workers run on one CPU, the server on the other. Writes
+bench/results/capture_vs_art.json.
 """
 
 from __future__ import annotations
