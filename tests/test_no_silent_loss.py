@@ -397,16 +397,11 @@ def test_a_request_over_tls_is_seen_before_it_is_encrypted(tls_server, how):
 
 # -- a call made while a patched call runs is a call of its own --------------------------------
 
-def test_a_call_an_event_hook_makes_is_a_call_of_its_own(server, sync_client):
-    import httpx
+def watched_call(server, http_client):
+    """The trajectory of a rollout that makes one call, "watched", through ``http_client``."""
     from openai import OpenAI
 
-    def hook(request):
-        if b"watched" in request.content:
-            sync_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "from the hook"}])
-            httpx.post(server.base_url + "/chat/completions", content=body(), timeout=30)  # not patched: reported
-
-    watched = OpenAI(base_url=server.base_url, api_key="k", http_client=httpx.Client(event_hooks={"request": [hook]}))
+    watched = OpenAI(base_url=server.base_url, api_key="k", http_client=http_client)
 
     @art.rollout
     def agent() -> str:
@@ -415,6 +410,18 @@ def test_a_call_an_event_hook_makes_is_a_call_of_its_own(server, sync_client):
 
     t = agent.collect_sync()
     assert t.outcome == "echo: watched"
+    return t
+
+
+def test_a_call_an_event_hook_makes_is_a_call_of_its_own(server, sync_client):
+    import httpx
+
+    def hook(request):
+        if b"watched" in request.content:
+            sync_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "from the hook"}])
+            httpx.post(server.base_url + "/chat/completions", content=body(), timeout=30)  # not patched: reported
+
+    t = watched_call(server, httpx.Client(event_hooks={"request": [hook]}))
     # the hook's call was sent unrecorded and unreported before, as part of the watched call
     assert [c.messages[0]["content"] for c in t.calls] == ["watched", "from the hook"]
     (warning,) = [w for w in t.warnings if w.startswith(ESCAPED)]
@@ -425,7 +432,6 @@ def test_a_call_an_auth_flow_makes_is_a_call_of_its_own(server, sync_client):
     """An httpx auth flow is the agent's code too, run inside ``send`` (a patched call's
     request passes the sentinel at once only where no hook or auth flow runs on its way)."""
     import httpx
-    from openai import OpenAI
 
     class Signed(httpx.Auth):
         def auth_flow(self, request):
@@ -433,15 +439,7 @@ def test_a_call_an_auth_flow_makes_is_a_call_of_its_own(server, sync_client):
                 sync_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "from the auth"}])
             yield request
 
-    watched = OpenAI(base_url=server.base_url, api_key="k", http_client=httpx.Client(auth=Signed()))
-
-    @art.rollout
-    def agent() -> str:
-        return watched.chat.completions.create(model="m", messages=[{"role": "user", "content": "watched"}]) \
-            .choices[0].message.content
-
-    t = agent.collect_sync()
-    assert t.outcome == "echo: watched"
+    t = watched_call(server, httpx.Client(auth=Signed()))
     assert [c.messages[0]["content"] for c in t.calls] == ["watched", "from the auth"]
 
 
