@@ -59,7 +59,7 @@ def start_server() -> tuple[subprocess.Popen, str]:
 
 
 def one_call(client: Any, stream: bool, api: str = "chat") -> Any:
-    """One call of the kind measured (a coroutine for an async client)."""
+    """One call of the kind measured, a stream read to its end."""
     if api == "responses":
         out = client.responses.create(model="m", input=MSGS[1:], instructions=MSGS[0]["content"], stream=stream)
     else:
@@ -122,7 +122,9 @@ def turns_cost(url: str, calls: int, rounds: int = 20) -> list[dict]:
         rec = Recorder()
         inside = contextvars.copy_context()
         inside.run(current_recorder.set, rec)
-        inside.run(client.chat.completions.create, model="m", messages=messages[:-2])  # the turn before
+        if turn > 1:  # the turn before: its messages are copied now, as they were in the rollout
+            inside.run(client.chat.completions.create, model="m", messages=messages[:-2])
+        rec.copies.setdefault("last", [])
         call = functools.partial(client.chat.completions.create, model="m", messages=messages)
 
         def captured(rec: Recorder = rec, before: list = rec.copies["last"], inside: Any = inside,
