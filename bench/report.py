@@ -140,7 +140,7 @@ def section_capture_instructions(rs: list[dict]) -> list[str]:
     out = ["### The same, in instructions", "",
            "`python -m bench.capture_vs_art --instructions`: each system's worker in its own process under",
            "valgrind's callgrind, counting the machine instructions of a block of calls (20 plain, 10",
-           "streamed; installed patches, as the timing's headline) after three blocks of warm-up; the",
+           "streamed; the patches in place, as in the timing) after three blocks of warm-up; the",
            "median over the processes of each kind. No neighbour on a shared machine changes these",
            "counts. They are not time, and artsdk's share of the time above is larger than its share of",
            "the instructions: its capture is Python code that runs cold in the real loop (see above).", "",
