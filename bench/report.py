@@ -116,7 +116,7 @@ def section_capture_vs_art(rs: list[dict]) -> list[str]:
     return out + ["Where the time goes (profiled with `cProfile` call counts, valgrind's instruction counts, "
                   "and each piece of capture timed in place, right after a real call): a captured plain call "
                   "runs about 160 more Python calls than an uncaptured one (of the ~7,400 the client makes) "
-                  "and about 230k more instructions. In the real loop that code runs cold -- the client's own "
+                  "and about 260k more instructions (below). In the real loop that code runs cold -- the client's own "
                   "work evicts it between calls -- so each piece costs several times its hot-loop time: "
                   "`os.urandom(16)` 2.9 µs in place against 0.7 µs in a loop, `datetime.now()` 4-5 µs "
                   "against 0.7-1 µs, an empty function call 0.7 µs against 0.25 µs. That is why capture "
