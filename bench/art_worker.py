@@ -44,9 +44,7 @@ def call(client: OpenAI, stream: bool) -> None:
 def paired(client: OpenAI, stream: bool, n: int) -> dict[str, list[float]]:
     from paired import pairs  # bench/paired.py: this script's folder is on the path
 
-    for name, fn in ART.items():
-        if getattr(httpx.Response, name) is not fn:
-            setattr(httpx.Response, name, fn)
+    put(ART)
     trajectories = []
 
     def captured() -> None:
@@ -55,15 +53,24 @@ def paired(client: OpenAI, stream: bool, n: int) -> dict[str, list[float]]:
         trajectories[:] = [trajectory]
 
     out = pairs(lambda: call(client, stream), captured, n)
-    if len(trajectories[0].messages_and_choices) != len(MSGS) + 1:  # or this measures nothing
-        raise SystemExit(f"ART captured {trajectories[0].messages_and_choices!r}")
+    check(trajectories[0])
     return out
 
 
-def run(client: OpenAI, captured: bool, stream: bool, n: int, toggle: bool = False, counted: bool = False) -> float:
-    for name, fn in (ART if captured or not toggle else ORIGINAL).items():
+def put(methods: dict[str, object]) -> None:
+    """httpx.Response's methods as ``methods`` has them (ART's patches, or httpx's own)."""
+    for name, fn in methods.items():
         if getattr(httpx.Response, name) is not fn:  # setting a class's method, even to itself, resets the
             setattr(httpx.Response, name, fn)        # interpreter's caches for code using the class
+
+
+def check(trajectory: object) -> None:
+    if len(trajectory.messages_and_choices) != len(MSGS) + 1:  # or this measures nothing
+        raise SystemExit(f"ART captured {trajectory.messages_and_choices!r}")
+
+
+def run(client: OpenAI, captured: bool, stream: bool, n: int, toggle: bool = False, counted: bool = False) -> float:
+    put(ART if captured or not toggle else ORIGINAL)
     trajectories = []
 
     def one(*_: object) -> None:
@@ -81,8 +88,8 @@ def run(client: OpenAI, captured: bool, stream: bool, n: int, toggle: bool = Fal
         for _ in range(n):
             one()
     seconds = (time.perf_counter() - t0) / n
-    if captured and len(trajectories[0].messages_and_choices) != len(MSGS) + 1:  # or this measures nothing
-        raise SystemExit(f"ART captured {trajectories[0].messages_and_choices!r}")
+    if captured:
+        check(trajectories[0])
     return seconds
 
 

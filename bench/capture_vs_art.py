@@ -51,7 +51,7 @@ from typing import Any
 
 import artsdk as art
 from artsdk import capture
-from bench.capture import MSGS, start_server
+from bench.capture import one_call, start_server
 from bench.common import save_result
 from bench.paired import pairs
 from openai import OpenAI
@@ -62,12 +62,7 @@ HERE = Path(__file__).resolve().parent
 def ours(client: OpenAI, captured: bool, stream: bool, n: int, toggle: bool, counted: bool = False) -> float:
     """Seconds per call of ``n`` of artsdk's calls (here, and in bench/ours_worker.py); ``counted``:
     inside one ``functools.reduce``, what ``--instructions`` counts."""
-    def call() -> None:
-        out = client.chat.completions.create(model="m", messages=MSGS, stream=stream)
-        if stream:
-            for _ in out:
-                pass
-
+    call = functools.partial(one_call, client, stream)
     one = art.rollout(name="bench")(call)  # a plain call of a rollout: recorded, not stored
     (capture.install if captured or not toggle else capture.uninstall)()
     f = one if captured else call
@@ -83,12 +78,7 @@ def ours(client: OpenAI, captured: bool, stream: bool, n: int, toggle: bool, cou
 def ours_paired(client: OpenAI, stream: bool, n: int) -> dict[str, list[float]]:
     """``n`` pairs of one uncaptured and one captured call of artsdk's (bench/paired.py), the
     patches in place."""
-    def call() -> None:
-        out = client.chat.completions.create(model="m", messages=MSGS, stream=stream)
-        if stream:
-            for _ in out:
-                pass
-
+    call = functools.partial(one_call, client, stream)
     capture.install()
     return pairs(call, art.rollout(name="bench")(call), n)
 
@@ -108,16 +98,14 @@ class Worker:
         self.versions = json.loads(self.proc.stdout.readline())
 
     def block(self, captured: bool, stream: bool, n: int, toggle: bool, counted: bool = False) -> float:
-        self.proc.stdin.write(json.dumps({"captured": captured, "stream": stream, "n": n, "toggle": toggle,
-                                          "counted": counted}) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise SystemExit(f"a worker ended (exit {self.proc.wait()}); its error is above")
-        return json.loads(line)["seconds"]
+        return self._ask({"captured": captured, "stream": stream, "n": n, "toggle": toggle,
+                          "counted": counted})["seconds"]
 
     def paired(self, stream: bool, n: int) -> dict[str, list[float]]:
-        self.proc.stdin.write(json.dumps({"paired": True, "stream": stream, "n": n}) + "\n")
+        return self._ask({"paired": True, "stream": stream, "n": n})
+
+    def _ask(self, command: dict[str, Any]) -> Any:
+        self.proc.stdin.write(json.dumps(command) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:

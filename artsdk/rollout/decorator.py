@@ -107,8 +107,7 @@ class Rollout(Generic[R]):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.is_async:
             return self._call_async(args, kwargs)
-        outer = current_recorder.get()  # (as _inside_kept_rollout reads it, inline: this runs on every call)
-        in_kept = outer is not None and outer.kept and outer.pid == current.pid
+        in_kept = _inside_kept_rollout()
         recording = _Recording(self, args, kwargs, plain=True)
         try:
             with recording as traj:
