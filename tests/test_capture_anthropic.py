@@ -204,3 +204,34 @@ async def test_a_messages_call_that_escapes_capture_is_reported_by_name(async_an
     # the agent gets the refusal itself, not the client's APIConnectionError after its retries
     assert t.error.type == "CaptureError" and "anthropic client" in t.error.message
     assert "the agent got" not in t.error.message and "APIConnectionError" not in t.error.traceback
+
+
+def test_a_growing_conversation_reuses_its_copies_and_keeps_each_calls_messages_as_sent(sync_anthropic):
+    """The agent appends the response's own content blocks and resends: each call reuses the
+    copies and chat view the call before made of the messages they share, yet records what it
+    sent -- an edit deep inside a message is seen by the next call and by no earlier one."""
+    sync = sync_anthropic
+
+    @art.rollout
+    def agent():
+        messages = [{"role": "user", "content": [{"type": "text", "text": "first"}]}]
+        for k in range(2):
+            answer = sync.messages.create(model="m", max_tokens=20, system="Be brief.", messages=messages)
+            messages += [{"role": "assistant", "content": answer.content},  # the response's block objects
+                         {"role": "user", "content": f"more {k}"}]
+        sync.messages.create(model="m", max_tokens=20, system="Be brief.", messages=messages)
+        messages[0]["content"][0]["text"] = "[cut]"  # an edit deep inside the first message
+        sync.messages.create(model="m", max_tokens=20, system="Be brief.", messages=messages)
+
+    t = agent.collect_sync()
+    assert t.error is None, t.error
+    first, second, third, fourth = t.calls
+    assert [m["content"] for m in third.messages] == ["Be brief.", "first", "echo: first", "more 0",
+                                                      "echo: more 0", "more 1"]
+    for later, earlier in ((second, first), (third, second)):  # reused, not copied again
+        assert all(a is b for a, b in zip(later.params["messages"], earlier.params["messages"]))
+        assert all(a is b for a, b in zip(later.messages, earlier.messages))
+    assert fourth.params["messages"][0]["content"][0]["text"] == "[cut]" and fourth.messages[1]["content"] == "[cut]"
+    assert fourth.params["messages"][1:] == third.params["messages"][1:]
+    for call in (first, second, third):
+        assert call.params["messages"][0]["content"][0]["text"] == "first" and call.messages[1]["content"] == "first"

@@ -373,6 +373,41 @@ def test_each_call_records_the_conversation_it_sent_even_when_the_agent_edits_it
     assert first.messages[0]["content"] == "first"  # and the earlier calls keep what they sent
 
 
+def test_a_conversation_of_the_responses_own_messages_is_copied_once_and_its_edits_still_seen(sync_client):
+    """The usual agent appends the response's ``ChatCompletionMessage`` to its history. Those
+    objects never equal their dict copies, yet a later call reuses the copies (recording turn 20
+    costs about what turn 1 does: bench.capture); an edit to one in place, at any depth, is
+    still what that later call records, and the earlier calls keep what they sent."""
+    from openai.types.chat import ChatCompletionMessage, ChatCompletionMessageToolCall
+
+    asked = ChatCompletionMessage(role="assistant", content=None, tool_calls=[ChatCompletionMessageToolCall(
+        id="c1", type="function", function={"name": "look", "arguments": '{"q": 1}'})])
+
+    @art.rollout
+    def agent():
+        messages = [{"role": "user", "content": "first"}]
+        for k in range(3):
+            r = sync_client.chat.completions.create(model="m", messages=messages)
+            messages.append(r.choices[0].message)  # the response's own object
+            messages.append({"role": "user", "content": f"more {k}"})
+        messages += [asked, {"role": "tool", "tool_call_id": "c1", "content": "found"}]
+        sync_client.chat.completions.create(model="m", messages=messages)
+        messages[1].content = "[cut]"  # the agent trims its history in place
+        asked.tool_calls[0].function.arguments = '{"q": 2}'  # and edits a call deep inside a message
+        sync_client.chat.completions.create(model="m", messages=messages)
+
+    t = agent.collect_sync()
+    second, third, fourth, fifth = t.calls[1:]
+    assert [m["content"] for m in third.messages] == ["first", "echo: first", "more 0", "echo: more 0", "more 1"]
+    for later, earlier in ((third, second), (fourth, third)):  # reused, not copied again
+        assert all(a is b for a, b in zip(later.messages, earlier.messages)), later.messages
+    assert fourth.messages[-2]["tool_calls"][0]["function"]["arguments"] == '{"q": 1}'
+    assert fifth.messages[1]["content"] == "[cut]" and fifth.messages[0] is fourth.messages[0]
+    assert fifth.messages[-2]["tool_calls"][0]["function"]["arguments"] == '{"q": 2}'
+    assert fourth.messages[1]["content"] == "echo: first"  # what was sent then
+    assert fourth.messages[-2]["tool_calls"][0]["function"]["arguments"] == '{"q": 1}'
+
+
 def test_a_recorded_call_is_built_as_model_construct_builds_it():
     # capture builds each call with records.constructed (pydantic's model_construct, faster):
     # the same fields in the same order, the same fields set, fresh lists for what was not given

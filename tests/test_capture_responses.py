@@ -213,3 +213,58 @@ async def test_responses_calls_are_routed_in_a_session_and_replay(server, art_st
     again = await art.replay.rerun(agent, stored)  # no request reaches any server
     assert again.outcome == t.outcome
     await client.close()
+
+
+def test_a_growing_input_reuses_its_copies_and_keeps_each_calls_items_as_sent(sync_client):
+    """An agent resends its input with the response's own items added: each call reuses the
+    copies and chat view the call before made of the items they share (bench.capture's turn
+    rows), yet records what it sent -- an edit deep inside an item is seen by the next call,
+    and no call's record changes after it was made."""
+    ask = {"model": "m", "tools": TOOLS, "instructions": "Be brief."}
+
+    @art.rollout
+    def agent():
+        items = [{"role": "user", "content": [{"type": "input_text", "text": "tool please"}]}]
+        first = sync_client.responses.create(input=items, **ask)
+        items += first.output  # the response's own items, as objects
+        call_id = next(i for i in first.output if i.type == "function_call").call_id
+        items.append({"type": "function_call_output", "call_id": call_id, "output": "found it"})
+        sync_client.responses.create(input=items, **ask)
+        items.append({"role": "user", "content": "thanks"})
+        sync_client.responses.create(input=items, **ask)
+        items[0]["content"][0]["text"] = "[cut]"  # an edit deep inside the first item
+        sync_client.responses.create(input=items, **ask)
+
+    t = agent.collect_sync()
+    first, second, third, fourth = t.calls
+    assert [m["role"] for m in third.messages] == ["system", "user", "assistant", "tool", "user"]
+    sent = second.params["input"]
+    assert all(a is b for a, b in zip(third.params["input"], sent)) and len(sent) == 3
+    assert all(a is b for a, b in zip(third.messages, second.messages)) and len(second.messages) == 4
+    assert fourth.params["input"][0]["content"][0]["text"] == "[cut]" and fourth.messages[1]["content"] == "[cut]"
+    assert fourth.params["input"][1:] == third.params["input"][1:]
+    for call in (first, second, third):  # what each sent, then
+        assert call.params["input"][0]["content"][0]["text"] == "tool please"
+        assert call.messages[1]["content"] == "tool please"
+
+
+def test_a_function_call_joined_to_an_earlier_calls_answer_leaves_that_calls_view_as_it_was(sync_client):
+    """The chat view joins a function call to the assistant message before it; continuing an
+    earlier call's view does so in a copy, and a later call that sends the shorter input again
+    sees the message as it was."""
+    said = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "let me look"}]}
+    called = {"type": "function_call", "call_id": "c1", "name": "search", "arguments": '{"q": "x"}'}
+    inputs = [[{"role": "user", "content": "look"}, said]]
+    inputs.append([*inputs[0], called, {"type": "function_call_output", "call_id": "c1", "output": "found"}])
+    inputs.append(inputs[0])
+
+    @art.rollout
+    def agent():
+        for items in inputs:
+            sync_client.responses.create(model="m", input=items)
+
+    short, joined, again = agent.collect_sync().calls
+    assert joined.messages[1] == {"role": "assistant", "content": "let me look", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"q": "x"}'}}]}
+    assert short.messages[1] == again.messages[1] == {"role": "assistant", "content": "let me look"}
+    assert joined.messages[0] is short.messages[0] is again.messages[0]  # the view continued, not remade

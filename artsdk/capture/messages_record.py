@@ -15,8 +15,11 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Optional
 
-from ..trajectory.message_blocks import as_block, assistant_message, blocks_of, chat_messages, chat_tools
-from ..trajectory.records import Choice, LLMCall
+from ..trajectory.message_blocks import (add_chat_messages, as_block, assistant_message, blocks_of, chat_tools,
+                                        system_text)
+from ..trajectory.records import Choice, LLMCall, constructed
+from ..trajectory.response_items import chat_head
+from .prefix import folded, reused
 from .record import CUT, extra_field, given, served_step
 
 _NOT_PARAMS = frozenset({"model", "stream", "extra_headers", "extra_query", "timeout", "output_format"})
@@ -34,7 +37,7 @@ def messages_request(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]],
         if k in _NOT_PARAMS or not given(v) or v is None:
             continue
         if k == "messages":
-            v = [{**as_block(m), "content": blocks_of(as_block(m).get("content"))} for m in v]
+            v = reused("messages", v, _message)  # the copies an earlier call made reused (prefix.py)
         elif k in ("tools", "system") and not isinstance(v, str):
             v = [as_block(x) for x in v]
         params[k] = v
@@ -42,8 +45,15 @@ def messages_request(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]],
     for k in _SAMPLING:  # anthropic 2.x takes sampling fields in extra_body: the training reads them here
         if isinstance(extra, dict) and k in extra and k not in params:
             params[k] = extra[k]
-    messages = chat_messages(params.get("messages") or (), kwargs.get("system"))
+    head = chat_head(system_text(kwargs.get("system")))
+    messages = folded("messages chat", head, params.get("messages") or [], add_chat_messages)
     return str(kwargs.get("model", "")), messages, chat_tools(kwargs.get("tools")), params
+
+
+def _message(m: Any) -> dict[str, Any]:
+    """A message of the request as a plain dict, its content as blocks."""
+    message = as_block(m)
+    return {**message, "content": blocks_of(message.get("content"))}
 
 
 def _choice(blocks: list[dict[str, Any]], message_id: Any, stop_reason: Any, token_ids: Any = None,
@@ -71,10 +81,11 @@ def from_response(provider: str, kwargs: dict[str, Any], resp: Any, latency: flo
     blocks = [as_block(b) for b in (getattr(resp, "content", None) or ())]
     choice = _choice(blocks, getattr(resp, "id", None), getattr(resp, "stop_reason", None),
                      extra_field(resp, "token_ids"), extra_field(resp, "logprobs"))
-    return LLMCall(provider=provider, model=model, messages=messages, tools=tools, params=params,
-                   choices=[choice], served_by=served_by, step=served_step(served_by),
-                   usage=_usage(getattr(resp, "usage", None)), latency=latency, stream=stream,
-                   prompt_token_ids=extra_field(resp, "prompt_token_ids"))
+    # built without validating the messages again, as chat's calls are (record.from_response)
+    return constructed(LLMCall, provider=provider, model=model, messages=messages, tools=tools, params=params,
+                       choices=[choice], served_by=served_by, step=served_step(served_by),
+                       usage=_usage(getattr(resp, "usage", None)), latency=latency, stream=stream,
+                       prompt_token_ids=extra_field(resp, "prompt_token_ids"))
 
 
 class MessagesStreamAccumulator:
@@ -147,10 +158,10 @@ class MessagesStreamAccumulator:
             usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         served_by = self.start.get("model")
         choice = _choice(self._blocks(), self.start.get("id"), self.stop_reason, self.token_ids, self.logprobs)
-        return LLMCall(provider=self.provider, model=model, messages=messages, tools=tools, params=params,
-                       choices=[choice], served_by=served_by, step=served_step(served_by), usage=usage,
-                       prompt_token_ids=self.start.get("prompt_token_ids"), latency=latency, stream=True,
-                       incomplete=incomplete, error=error)
+        return constructed(LLMCall, provider=self.provider, model=model, messages=messages, tools=tools,
+                           params=params, choices=[choice], served_by=served_by, step=served_step(served_by),
+                           usage=usage, prompt_token_ids=self.start.get("prompt_token_ids"), latency=latency,
+                           stream=True, incomplete=incomplete, error=error)
 
 
 def message_from_call(call: LLMCall) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from operator import attrgetter
 from typing import Any, Iterable, Optional
 
 from ..trajectory.records import Choice, LLMCall, as_message, constructed
-from .current import current_recorder
+from .prefix import reused
 
 # Request keys that are not sampling parameters (or cannot be stored as JSON).
 _NOT_PARAMS = frozenset(
@@ -43,23 +43,11 @@ def request_parts(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]], An
 
 
 def copied(messages: Any) -> list[dict[str, Any]]:
-    """``messages`` as plain dicts (``as_message``), the part an earlier call of the rollout
-    sent reusing that call's copies when it still says the same (one comparison, at C speed:
-    the usual agent appends to its list). So recording a call costs about the same at the 50th
-    turn as at the first, and a message changed in place (``msg["content"] = "[cut]"``) is
-    copied anew."""
-    rec = current_recorder.get()
-    messages = list(messages)
-    if rec is None or rec.closed:
-        return [as_message(m) for m in messages]
-    last = rec.copies.get("last") or []
-    n = len(last)
-    if n and n <= len(messages) and messages[:n] == last:
-        out = last + [as_message(m) for m in messages[n:]]
-    else:
-        out = [as_message(m) for m in messages]
-    rec.copies["last"] = out
-    return out
+    """``messages`` as plain dicts (``as_message``), reusing the copies the rollout's last call
+    made of those it sent too and that still say the same (prefix.py): recording a call costs
+    about the same at the 20th turn as at the first, and a message changed in place
+    (``msg["content"] = "[cut]"``) is copied anew."""
+    return reused("chat", messages, as_message)
 
 
 def response_format_sent(cls: type) -> Any:

@@ -14,8 +14,9 @@ from __future__ import annotations
 import time
 from typing import Any, Iterable, Optional
 
-from ..trajectory.response_items import as_item, assistant_message, chat_messages, chat_tools, items_of
-from ..trajectory.records import Choice, LLMCall
+from ..trajectory.response_items import add_chat_message, as_item, assistant_message, chat_head, chat_tools, items_of
+from ..trajectory.records import Choice, LLMCall, constructed
+from .prefix import folded, reused
 from .record import CUT, extra_field, given, response_format_sent, served_step
 
 _NOT_PARAMS = frozenset({"model", "stream", "extra_headers", "extra_query", "timeout", "api_key", "api_base",
@@ -27,7 +28,9 @@ def responses_request(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]]
     the request's own fields as sent (items included)."""
     instructions = kwargs.get("instructions")
     instructions = instructions if isinstance(instructions, str) else None
-    items = items_of(kwargs.get("input"))
+    given_items = kwargs.get("input")
+    # a list: the copies an earlier call of the rollout made of its leading items are reused (prefix.py)
+    items = reused("responses", given_items, as_item) if isinstance(given_items, list) else items_of(given_items)
     params: dict[str, Any] = {}
     for k, v in kwargs.items():
         if k in _NOT_PARAMS or not given(v) or v is None:
@@ -42,7 +45,7 @@ def responses_request(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]]
     tf = kwargs.get("text_format")
     if tf is not None and given(tf):  # .parse(text_format=Model): the format the client sends, its schema
         params["text"] = {**(params.get("text") or {}), "format": _text_format_sent(tf)}
-    messages = chat_messages(items, instructions)
+    messages = folded("responses chat", chat_head(instructions), items, add_chat_message)
     return str(kwargs.get("model", "")), messages, chat_tools(kwargs.get("tools")), params
 
 
@@ -88,10 +91,12 @@ def from_response(provider: str, kwargs: dict[str, Any], resp: Any, latency: flo
     """An LLMCall from a complete Response (or ParsedResponse)."""
     model, messages, tools, params = request or responses_request(kwargs)
     served_by = getattr(resp, "model", None)
-    return LLMCall(provider=provider, model=model, messages=messages, tools=tools, params=params,
-                   choices=[_choice(resp)], served_by=served_by, step=served_step(served_by),
-                   usage=_usage(resp), latency=latency, stream=stream,
-                   prompt_token_ids=extra_field(resp, "prompt_token_ids"))
+    # built without validating the messages again, as chat's calls are (record.from_response):
+    # validating would copy every message of the conversation on every call
+    return constructed(LLMCall, provider=provider, model=model, messages=messages, tools=tools, params=params,
+                       choices=[_choice(resp)], served_by=served_by, step=served_step(served_by),
+                       usage=_usage(resp), latency=latency, stream=stream,
+                       prompt_token_ids=extra_field(resp, "prompt_token_ids"))
 
 
 class ResponsesStreamAccumulator:
@@ -136,10 +141,10 @@ class ResponsesStreamAccumulator:
             message["content"] = "".join(self.text)
         message["output"] = output
         served_by = getattr(self.latest, "model", None)
-        return LLMCall(provider=self.provider, model=model, messages=messages, tools=tools, params=params,
-                       choices=[Choice(index=0, message=message, finish_reason=None)], served_by=served_by,
-                       step=served_step(served_by), latency=latency, stream=True, incomplete=True,
-                       error=failure or (None if left_early else CUT))
+        return constructed(LLMCall, provider=self.provider, model=model, messages=messages, tools=tools,
+                           params=params, choices=[Choice(index=0, message=message, finish_reason=None)],
+                           served_by=served_by, step=served_step(served_by), latency=latency, stream=True,
+                           incomplete=True, error=failure or (None if left_early else CUT))
 
 
 def response_from_call(call: LLMCall) -> dict[str, Any]:

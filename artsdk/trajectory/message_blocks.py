@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Optional
 
-from .response_items import as_item
+from .response_items import as_item, chat_head
 
 Block = dict[str, Any]
 
@@ -66,30 +66,34 @@ def _tool_call(block: Block) -> Block:
 
 def chat_messages(messages: Iterable[Any], system: Any = None) -> list[Block]:
     """The chat view of a Messages request's ``messages`` (and ``system``)."""
-    text = system_text(system)
-    out: list[Block] = [{"role": "system", "content": text}] if text else []
-    for message in (as_block(m) for m in messages):
-        role = message.get("role")
-        blocks = blocks_of(message.get("content"))
-        if role == "assistant":
-            out.append(assistant_message(blocks))
-            continue
-        pending: list[Block] = []  # the user's own blocks, kept in their order around tool results
-        for b in blocks:
-            kind = b.get("type")
-            if kind == "tool_result":
-                if pending:
-                    out.append({"role": role, "content": _content(pending)})
-                    pending = []
-                result = b.get("content")
-                out.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
-                            "content": result if isinstance(result, str) or result is None
-                            else _content(blocks_of(result))})
-            elif kind not in _LEFT_OUT:
-                pending.append(b)
-        if pending or not blocks:
-            out.append({"role": role, "content": _content(pending)})
+    out = chat_head(system_text(system))
+    for message in messages:
+        add_chat_messages(out, as_block(message))
     return out
+
+
+def add_chat_messages(out: list[Block], message: Block) -> None:
+    """Append the chat messages one Messages message (a plain dict) stands for to ``out``."""
+    role = message.get("role")
+    blocks = blocks_of(message.get("content"))
+    if role == "assistant":
+        out.append(assistant_message(blocks))
+        return
+    pending: list[Block] = []  # the user's own blocks, kept in their order around tool results
+    for b in blocks:
+        kind = b.get("type")
+        if kind == "tool_result":
+            if pending:
+                out.append({"role": role, "content": _content(pending)})
+                pending = []
+            result = b.get("content")
+            out.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
+                        "content": result if isinstance(result, str) or result is None
+                        else _content(blocks_of(result))})
+        elif kind not in _LEFT_OUT:
+            pending.append(b)
+    if pending or not blocks:
+        out.append({"role": role, "content": _content(pending)})
 
 
 def assistant_message(blocks: Iterable[Block]) -> Block:

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Iterator, Optional, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import CaptureError, TrajectoryError
+from .response_items import plain
 
 Message = dict[str, Any]
 """One chat message in OpenAI format: ``{"role": ..., "content": ..., "tool_calls": ...}``."""
@@ -137,24 +138,6 @@ def as_message(m: Any) -> Any:
     if isinstance(role, str) and type(role) is not str:  # a str enum (smolagents' MessageRole): its value
         d["role"] = str(getattr(role, "value", role))
     return d
-
-
-def plain(value: Any) -> Any:
-    """``value`` with every pydantic object in it (at any depth) dumped to dicts; dicts and
-    lists copied, everything else as it is."""
-    if value is None or type(value) in (str, int, float, bool):
-        return value
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    dump = getattr(value, "model_dump", None)
-    if dump is not None and callable(dump):
-        try:
-            return plain(dump(exclude_none=True))
-        except TypeError:  # a model_dump of another kind
-            return value
-    return value
 
 
 class Choice(BaseModel):

@@ -26,10 +26,28 @@ Item = dict[str, Any]
 _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
 
 
+def plain(value: Any) -> Any:
+    """``value`` with every pydantic object in it (at any depth) dumped to dicts; dicts and
+    lists copied, everything else as it is."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    dump = getattr(value, "model_dump", None)
+    if dump is not None and callable(dump):
+        try:
+            return plain(dump(exclude_none=True))
+        except TypeError:  # a model_dump of another kind
+            return value
+    return value
+
+
 def as_item(x: Any) -> Item:
     """A request or response item (dict or openai object) as a plain dict."""
-    if isinstance(x, dict):
-        return dict(x)
+    if isinstance(x, dict):  # copied all the way down: the caller may change its parts later
+        return plain(x)
     dump = getattr(x, "model_dump", None)
     if dump is not None:
         return dump(exclude_none=True)
@@ -57,24 +75,36 @@ def _text(content: Any) -> Any:
 
 def chat_messages(items: Iterable[Item], instructions: Optional[str] = None) -> list[Item]:
     """The chat view of Responses input (or output) items."""
-    out: list[Item] = [{"role": "system", "content": instructions}] if instructions else []
+    out = chat_head(instructions)
     for item in items:
-        kind = item.get("type")
-        if kind == "function_call":
-            call = {"id": item.get("call_id") or item.get("id"), "type": "function",
-                    "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}}
-            last = out[-1] if out else None
-            if last is not None and last.get("role") == "assistant":
-                last.setdefault("tool_calls", []).append(call)  # one turn: its text and its calls
-            else:
-                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
-            output = item.get("output")
-            out.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                        "content": output if isinstance(output, str) else _text(output)})
-        elif kind in (None, "message") and "role" in item:
-            out.append({"role": item["role"], "content": _text(item.get("content"))})
+        add_chat_message(out, item)
     return out
+
+
+def chat_head(instructions: Optional[str]) -> list[Item]:
+    """What the chat view starts with: the instructions as a system message."""
+    return [{"role": "system", "content": instructions}] if instructions else []
+
+
+def add_chat_message(out: list[Item], item: Item) -> None:
+    """Add ``item``'s part of the chat view to ``out``: a message appended, or a function call
+    joined to the assistant message before it -- in a copy that replaces it, so that a view an
+    earlier call recorded, which holds that message too, is left as it was."""
+    kind = item.get("type")
+    if kind == "function_call":
+        call = {"id": item.get("call_id") or item.get("id"), "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}}
+        last = out[-1] if out else None
+        if last is not None and last.get("role") == "assistant":
+            out[-1] = {**last, "tool_calls": [*(last.get("tool_calls") or ()), call]}  # one turn: its text and calls
+        else:
+            out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+    elif kind == "function_call_output":
+        output = item.get("output")
+        out.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                    "content": output if isinstance(output, str) else _text(output)})
+    elif kind in (None, "message") and "role" in item:
+        out.append({"role": item["role"], "content": _text(item.get("content"))})
 
 
 def chat_tools(tools: Any) -> Optional[list[Item]]:
