@@ -100,40 +100,58 @@ def async_measure(url: str, calls: int) -> dict:
     return row("async", got)
 
 
-def turns_cost(url: str, calls: int, rounds: int = 20) -> list[dict]:
+def turns_cost(url: str, calls: int, answers: str = "dicts", rounds: int = 20) -> list[dict]:
     """What capture adds to the call at turn 1, 10 and 20 of a conversation, in place: the
     conversation's messages so far (two a turn: the answer and a new user message), sent with
-    the rollout's recorder holding what its call before this one sent (the state the turn's call
-    finds in a real rollout: those messages were copied then, only the two new ones are now),
-    each such call timed right beside the same call made outside a rollout (bench/paired.py).
-    The turns take turns, ``rounds`` times, so that the machine's speed drifting (it does, by
-    tens of percent over minutes) reaches all three alike."""
+    the rollout's recorder holding what its call before this one left there (the state the
+    turn's call finds in a real rollout: those messages were copied then, only the two new ones
+    are now), each such call timed right beside the same call made outside a rollout
+    (bench/paired.py). ``answers``: how the agent keeps the answers -- as dicts it makes
+    ("dicts"), as the response's own ``ChatCompletionMessage`` ("objects"), or as a Responses
+    API agent does, the response's output items appended to its input ("responses"). The turns
+    take turns, ``rounds`` times, so that the machine's speed drifting (it does, by tens of
+    percent over minutes) reaches all three alike."""
     import contextvars
 
+    from openai.types.chat import ChatCompletionMessage
+    from openai.types.responses import ResponseOutputMessage, ResponseOutputText
+
     from artsdk.capture.context import Recorder, current_recorder
+
+    def answer(i: int) -> Any:
+        if answers == "objects":
+            return ChatCompletionMessage(role="assistant", content="Paris")
+        if answers == "responses":
+            return ResponseOutputMessage(id=f"msg_{i}", type="message", role="assistant", status="completed",
+                                         content=[ResponseOutputText(type="output_text", text="Paris",
+                                                                     annotations=[])])
+        return {"role": "assistant", "content": "Paris"}
 
     client = OpenAI(base_url=url, api_key="k", max_retries=0)
     cases = {}
     for turn in (1, 10, 20):
-        messages = [dict(MSGS[0])] + [{"role": "user" if i % 2 == 0 else "assistant",
-                                        "content": f"turn {i // 2 + 1}: what is the capital of France? "
-                                                   f"one word please" if i % 2 == 0 else "Paris"}
-                                       for i in range(2 * turn - 1)]
+        messages = [{"role": "user", "content": f"turn {i // 2 + 1}: what is the capital of France? one word please"}
+                    if i % 2 == 0 else answer(i) for i in range(2 * turn - 1)]
+        if answers == "responses":
+            call = functools.partial(client.responses.create, model="m", input=messages,
+                                     instructions=MSGS[0]["content"])
+        else:
+            call = functools.partial(client.chat.completions.create, model="m", messages=[dict(MSGS[0]), *messages])
         rec = Recorder()
         inside = contextvars.copy_context()
         inside.run(current_recorder.set, rec)
         if turn > 1:  # the turn before: its messages are copied now, as they were in the rollout
-            inside.run(client.chat.completions.create, model="m", messages=messages[:-2])
-        rec.copies.setdefault("last", [])
-        call = functools.partial(client.chat.completions.create, model="m", messages=messages)
+            before = call.keywords["input" if answers == "responses" else "messages"][:-2]
+            inside.run(functools.partial(call, **{"input" if answers == "responses" else "messages": before}))
+        left = dict(rec.copies)
 
-        def captured(rec: Recorder = rec, before: list = rec.copies["last"], inside: Any = inside,
-                     call: Any = call) -> None:
-            rec.copies["last"] = before  # as the call of the turn before left it
+        def captured(rec: Recorder = rec, left: dict = left, inside: Any = inside, call: Any = call) -> None:
+            rec.copies.clear()  # as the call of the turn before left it
+            rec.copies.update(left)
             del rec.calls[1:]  # (a real conversation's recorder holds a call a turn, not one a pair)
             inside.run(call)
 
-        cases[turn] = (len(messages), call, captured)
+        cases[turn] = (len(messages) + 1, call, captured)
     got: dict[int, dict[str, list[float]]] = {turn: {"wall": [], "cpu": []} for turn in cases}
     for _ in range(rounds):
         for turn, (_, call, captured) in cases.items():
@@ -141,9 +159,11 @@ def turns_cost(url: str, calls: int, rounds: int = 20) -> list[dict]:
                 if clock in got[turn]:
                     got[turn][clock] += values
     rows = []
+    kept = {"dicts": "", "objects": ", the answers the response's objects",
+            "responses": ", Responses API, the output items appended"}[answers]
     for turn, (size, _, _) in cases.items():
-        rows.append({"case": f"turn {turn} of a conversation ({size} messages), in place", "turn": turn,
-                     "overhead_us": statistics.median(got[turn]["wall"]) * 1e6,
+        rows.append({"case": f"turn {turn} of a conversation ({size} messages{kept}), in place", "turn": turn,
+                     "answers": answers, "overhead_us": statistics.median(got[turn]["wall"]) * 1e6,
                      "cpu_us": statistics.median(got[turn]["cpu"]) * 1e6})
         rows[-1]["vs_turn_1"] = rows[-1]["overhead_us"] / rows[0]["overhead_us"]
     return rows
@@ -173,11 +193,13 @@ def direct_cost(n: int = 3000) -> dict:
 
 def conversation_cost(n: int = 3000) -> list[dict]:
     """Recording one call of a growing conversation inside a rollout, at 1, 10 and 50 messages
-    (the agent appending to its list, as agents do), answered whole and streamed (four chunks):
-    the work alone, no network; the best of 5 runs of ``n`` calls each."""
+    (the agent appending to its list, as agents do), answered whole and streamed (four chunks),
+    and answered whole with every other message the response's own ``ChatCompletionMessage``
+    (as an agent that appends ``response.choices[0].message`` keeps them): the work alone, no
+    network; the best of 5 runs of ``n`` calls each."""
     import timeit
 
-    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
 
     from artsdk.capture.context import Recorder, current_recorder
     from artsdk.capture.record import StreamAccumulator, from_response
@@ -197,20 +219,29 @@ def conversation_cost(n: int = 3000) -> list[dict]:
             acc.add(chunk)
         acc.to_call(0.0, False)
 
+    def whole(messages: list[Any]) -> None:
+        from_response("openai", {"model": "m", "messages": messages}, resp, 0.0)
+
+    def said(i: int, objects: bool) -> Any:
+        content = f"turn {i}: " + "words " * 30
+        if i % 2 == 0:
+            return {"role": "user", "content": content}
+        return ChatCompletionMessage(role="assistant", content=content) if objects else \
+            {"role": "assistant", "content": content}
+
     rows = []
-    for kind, record in (("call", lambda m: from_response("openai", {"model": "m", "messages": m}, resp, 0.0)),
-                         ("streamed call", streamed)):
+    for kind, record, objects in (("call", whole, False), ("streamed call", streamed, False), ("call", whole, True)):
         first = len(rows)
         for size in (1, 10, 50):
-            messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: " + "words " * 30}
-                        for i in range(size)]
+            messages = [said(i, objects) for i in range(size)]
             token = current_recorder.set(Recorder())
             try:
                 record(messages)  # the conversation so far
                 best = min(timeit.repeat(lambda: record(messages), number=n, repeat=5))
             finally:
                 current_recorder.reset(token)
-            rows.append({"case": f"record a {kind} of {size} message(s)", "messages": size,
+            answers = ", the answers the response's objects" if objects else ""
+            rows.append({"case": f"record a {kind} of {size} message(s){answers}", "messages": size,
                          "overhead_us": best / n * 1e6})
         for r in rows[first:]:
             r["vs_one_message"] = r["overhead_us"] / rows[first]["overhead_us"]
@@ -253,7 +284,8 @@ def main() -> None:
                 measure("sync stream", url, a.calls // 2, stream=True),
                 measure("responses", url, a.calls, stream=False, api="responses"),
                 measure("responses stream", url, a.calls // 2, stream=True, api="responses"),
-                *turns_cost(url, a.calls),
+                *turns_cost(url, a.calls), *turns_cost(url, a.calls, "objects"),
+                *turns_cost(url, a.calls, "responses"),
                 direct_cost(), direct_cost_responses(), *conversation_cost()]
     finally:
         proc.terminate()

@@ -117,11 +117,12 @@ _ATOMS = frozenset({str, int, float, bool, type(None)})
 
 
 def _witness(m: Any) -> Any:
-    """What ``m`` (not a plain dict its copy equals) is compared with at the next call."""
+    """What ``m`` (not a plain dict its copy equals) is compared with at the next call. (One
+    whose copy does not equal it -- a deep-copied object of a kind compared by identity -- is
+    copied anew at every call, as the witness that equals nothing makes it be.)"""
     try:
-        witness = _snapshot(m)
-        return witness if witness == m else _NEVER
-    except Exception:  # noqa: BLE001 - a message that cannot be copied or compared is copied at every call
+        return _snapshot(m)
+    except Exception:  # noqa: BLE001 - a message that cannot be copied is copied at every call
         return _NEVER
 
 
