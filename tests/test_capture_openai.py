@@ -393,19 +393,21 @@ def test_a_conversation_of_the_responses_own_messages_is_copied_once_and_its_edi
         messages += [asked, {"role": "tool", "tool_call_id": "c1", "content": "found"}]
         sync_client.chat.completions.create(model="m", messages=messages)
         messages[1].content = "[cut]"  # the agent trims its history in place
+        sync_client.chat.completions.create(model="m", messages=messages)
         asked.tool_calls[0].function.arguments = '{"q": 2}'  # and edits a call deep inside a message
         sync_client.chat.completions.create(model="m", messages=messages)
 
     t = agent.collect_sync()
-    second, third, fourth, fifth = t.calls[1:]
+    second, third, fourth, fifth, sixth = t.calls[1:]
     assert [m["content"] for m in third.messages] == ["first", "echo: first", "more 0", "echo: more 0", "more 1"]
     for later, earlier in ((third, second), (fourth, third)):  # reused, not copied again
         assert all(a is b for a, b in zip(later.messages, earlier.messages)), later.messages
-    assert fourth.messages[-2]["tool_calls"][0]["function"]["arguments"] == '{"q": 1}'
     assert fifth.messages[1]["content"] == "[cut]" and fifth.messages[0] is fourth.messages[0]
-    assert fifth.messages[-2]["tool_calls"][0]["function"]["arguments"] == '{"q": 2}'
     assert fourth.messages[1]["content"] == "echo: first"  # what was sent then
-    assert fourth.messages[-2]["tool_calls"][0]["function"]["arguments"] == '{"q": 1}'
+    assert sixth.messages[-2]["tool_calls"][0]["function"]["arguments"] == '{"q": 2}'
+    assert all(a is b for a, b in zip(sixth.messages[:-2], fifth.messages))  # the messages before it reused
+    for call in (fourth, fifth):
+        assert call.messages[-2]["tool_calls"][0]["function"]["arguments"] == '{"q": 1}'
 
 
 def test_a_recorded_call_is_built_as_model_construct_builds_it():

@@ -8,11 +8,15 @@ before plus a few new messages, so the copies a call made are kept on the rollou
 the next call reuses those of its messages that still say what they said.
 
 "Still say": each message copied gets a witness, taken when it is copied, and the next call
-compares its messages with their witnesses (one list comparison). A plain dict's witness is its
-copy. A pydantic object's -- the ``ChatCompletionMessage`` or output item an agent appends from
-a response, which never equals a dict -- is ``_Fields``: a copy of its type and fields, at any
-depth, that equals the object while its fields say the same. An edit in place at any depth makes
-a message differ from its witness, and it is copied anew.
+compares its messages with their witnesses (one list comparison, at C speed). A plain dict's
+witness is its copy. A pydantic object -- the ``ChatCompletionMessage`` or output item an agent
+appends from a response, which never equals a dict -- is its own witness, and every pydantic
+object in a message, at any depth, is kept beside it with a copy of its fields (containers
+copied, the objects in them kept as they are): the next call compares each such object's fields
+with their copy, also at C speed (``pydantic``'s ``__eq__``, Python run for each object, would
+cost several times more once the client's own work has evicted it). An edit in place at any
+depth makes a message differ from its witness or an object's fields from their copy, and that
+message is copied anew.
 
 The Responses and Messages APIs' chat views are made from those copies item by item
 (``folded``), continuing the view the last call made of the copies the two calls share.
@@ -20,6 +24,7 @@ The Responses and Messages APIs' chat views are made from those copies item by i
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from copy import deepcopy
 from operator import is_
 from typing import Any, Callable, Iterable
@@ -28,7 +33,7 @@ from pydantic import BaseModel
 
 from .current import current_recorder
 
-_NONE: tuple[list[Any], list[Any]] = ([], [])  # (only ever sliced)
+_EMPTY: tuple[list[Any], ...] = ([], [], [], [], [], [])  # (only ever sliced)
 
 
 def reused(key: str, items: Iterable[Any], convert: Callable[[Any], Any]) -> list[Any]:
@@ -38,16 +43,32 @@ def reused(key: str, items: Iterable[Any], convert: Callable[[Any], Any]) -> lis
     items = list(items)
     if rec is None or rec.closed:
         return [convert(m) for m in items]
-    copies, witnesses = rec.copies.get(key) or _NONE
+    # per message: its copy, its witness, and how many objects the messages up to it hold;
+    # per object in them: the object, and copies of its fields and extra fields
+    copies, witnesses, ends, objects, fields, extras = rec.copies.get(key) or _EMPTY
     n = len(witnesses)
     if n and (n > len(items) or items[:n] != witnesses):
         n = _matching(items, witnesses)
-    copies, witnesses = copies[:n], witnesses[:n]  # new lists: the last call keeps its own
+    k = ends[n - 1] if n else 0
+    if k:
+        inside = objects[:k]
+        if [o.__dict__ for o in inside] != fields[:k] or [o.__pydantic_extra__ for o in inside] != extras[:k]:
+            n = bisect_right(ends, _first_changed(inside, fields, extras), 0, n)
+            k = ends[n - 1] if n else 0
+    copies, witnesses, ends = copies[:n], witnesses[:n], ends[:n]  # new lists: the last call keeps its own
+    objects, fields, extras = objects[:k], fields[:k], extras[:k]
     for m in items[n:]:
         copy = convert(m)
         copies.append(copy)
-        witnesses.append(copy if type(m) is dict and copy == m else _witness(m))  # a plain dict: its copy
-    rec.copies[key] = (copies, witnesses)
+        if type(m) is dict and copy == m:  # a plain dict: its copy says what it says
+            witnesses.append(copy)
+        else:
+            try:
+                witnesses.append(_snapshot(m, (objects, fields, extras)))
+            except Exception:  # noqa: BLE001 - a message that cannot be copied is copied at every call
+                witnesses.append(_NEVER)
+        ends.append(len(objects))
+    rec.copies[key] = (copies, witnesses, ends, objects, fields, extras)
     return copies
 
 
@@ -81,25 +102,6 @@ def folded(key: str, head: list[Any], items: list[Any], step: Callable[[list[Any
     return out
 
 
-class _Fields:
-    """A pydantic object's type and fields (its extra fields too), copied at any depth: equal
-    to the object while they say the same. The object's own ``__eq__`` declines to compare
-    itself with this, so Python asks this one."""
-
-    __slots__ = ("kind", "fields", "extra")
-
-    def __init__(self, obj: BaseModel) -> None:
-        self.kind, self.fields, self.extra = type(obj), _snapshot(obj.__dict__), _snapshot(obj.__pydantic_extra__)
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is _Fields:
-            return (self.kind, self.fields, self.extra) == (other.kind, other.fields, other.extra)
-        return (type(other) is self.kind and other.__dict__ == self.fields
-                and other.__pydantic_extra__ == self.extra)  # type: ignore[attr-defined]
-
-    __hash__ = None  # type: ignore[assignment]
-
-
 class _Never:
     """The witness of a message no copy can vouch for: it equals nothing, so that message is
     copied anew at every call."""
@@ -116,28 +118,34 @@ _NEVER = _Never()
 _ATOMS = frozenset({str, int, float, bool, type(None)})
 
 
-def _witness(m: Any) -> Any:
-    """What ``m`` (not a plain dict its copy equals) is compared with at the next call. (One
-    whose copy does not equal it -- a deep-copied object of a kind compared by identity -- is
-    copied anew at every call, as the witness that equals nothing makes it be.)"""
-    try:
-        return _snapshot(m)
-    except Exception:  # noqa: BLE001 - a message that cannot be copied is copied at every call
-        return _NEVER
-
-
-def _snapshot(v: Any) -> Any:
-    """A copy of ``v`` at any depth, equal to it while it says the same."""
+def _snapshot(v: Any, kept: tuple[list[Any], list[Any], list[Any]]) -> Any:
+    """``v`` with its containers copied at any depth and the pydantic objects in them kept as
+    they are, each added to ``kept`` (objects, copies of their fields, of their extra fields);
+    any other object deep-copied."""
     t = type(v)
     if t in _ATOMS:
         return v
     if t is dict:
-        return {k: _snapshot(x) for k, x in v.items()}
+        return {k: _snapshot(x, kept) for k, x in v.items()}
     if t is list or t is tuple:
-        return t(_snapshot(x) for x in v)
+        return t([_snapshot(x, kept) for x in v])
     if isinstance(v, BaseModel):
-        return _Fields(v)
+        objects, fields, extras = kept
+        at = len(objects)
+        objects.append(v)
+        fields.append(None)
+        extras.append(None)
+        fields[at], extras[at] = _snapshot(v.__dict__, kept), _snapshot(v.__pydantic_extra__, kept)
+        return v
     return deepcopy(v)
+
+
+def _first_changed(objects: list[Any], fields: list[Any], extras: list[Any]) -> int:
+    """The first of ``objects`` whose fields no longer say what their copies say."""
+    for i, o in enumerate(objects):
+        if o.__dict__ != fields[i] or o.__pydantic_extra__ != extras[i]:
+            return i
+    return len(objects)
 
 
 def _matching(items: list[Any], witnesses: list[Any]) -> int:
