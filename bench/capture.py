@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import os
 import socket
@@ -152,21 +153,55 @@ def turns_cost(url: str, calls: int, answers: str = "dicts", rounds: int = 20) -
             inside.run(call)
 
         cases[turn] = (len(messages) + 1, call, captured)
-    got: dict[int, dict[str, list[float]]] = {turn: {"wall": [], "cpu": []} for turn in cases}
-    for _ in range(rounds):
-        for turn, (_, call, captured) in cases.items():
-            for clock, values in pairs(call, captured, max(1, calls // rounds)).items():
-                if clock in got[turn]:
-                    got[turn][clock] += values
+    got: dict[int, dict[str, list[float]]] = {turn: {"wall": [], "cpu": [], "uncaptured": [], "rounds": [],
+                                                     "recording": []} for turn in cases}
+    with recording_timed() as spent:
+        for _ in range(rounds):
+            for turn, (_, call, captured) in cases.items():
+                spent.clear()
+                got_now = pairs(call, captured, max(1, calls // rounds))
+                for clock in ("wall", "cpu", "uncaptured"):
+                    got[turn][clock] += got_now[clock]
+                got[turn]["rounds"].append(statistics.median(got_now["wall"]))
+                got[turn]["recording"] += spent
     rows = []
     kept = {"dicts": "", "objects": ", the answers the response's objects",
             "responses": ", Responses API, the output items appended"}[answers]
     for turn, (size, _, _) in cases.items():
+        g = got[turn]
         rows.append({"case": f"turn {turn} of a conversation ({size} messages{kept}), in place", "turn": turn,
-                     "answers": answers, "overhead_us": statistics.median(got[turn]["wall"]) * 1e6,
-                     "cpu_us": statistics.median(got[turn]["cpu"]) * 1e6})
-        rows[-1]["vs_turn_1"] = rows[-1]["overhead_us"] / rows[0]["overhead_us"]
+                     "answers": answers, "overhead_us": statistics.median(g["wall"]) * 1e6,
+                     "cpu_us": statistics.median(g["cpu"]) * 1e6,
+                     # the spread of the rounds' own medians, as a standard error of the overhead
+                     "se_us": statistics.stdev(g["rounds"]) / len(g["rounds"]) ** 0.5 * 1e6,
+                     "call_ms": statistics.median(g["uncaptured"]) * 1e3,
+                     "recording_us": statistics.median(g["recording"]) * 1e6})
+        for key in ("overhead_us", "recording_us"):
+            rows[-1][f"{key.removesuffix('_us')}_vs_turn_1"] = rows[-1][key] / rows[0][key]
+        rows[-1]["vs_turn_1"] = rows[-1]["overhead_vs_turn_1"]
     return rows
+
+
+@contextlib.contextmanager
+def recording_timed() -> Any:
+    """The time each captured call spends recording its response (the patched call's
+    ``_record``: the request's messages copied or reused, the response read, the call built),
+    timed in place, inside the call: a list the calls add to."""
+    from artsdk.capture import openai_patch
+
+    spent: list[float] = []
+    record = openai_patch._record
+
+    def timed(*args: Any, **kwargs: Any) -> None:
+        t0 = time.perf_counter()
+        record(*args, **kwargs)
+        spent.append(time.perf_counter() - t0)
+
+    openai_patch._record = timed
+    try:
+        yield spent
+    finally:
+        openai_patch._record = record
 
 
 def direct_cost(n: int = 3000) -> dict:

@@ -24,6 +24,10 @@ def section_capture(rs: list[dict]) -> list[str]:
         if "uncaptured_ms" in row:
             out.append(f"| {row['case']} | {row['uncaptured_ms']:.3f} ms | {row['captured_ms']:.3f} ms | "
                        f"{row['overhead_us']:+.0f} µs | {row['overhead_pct']:+.1f}% |")
+        elif "recording_us" in row:
+            out.append(f"| {row['case']} | {row['call_ms']:.3f} ms | | {row['overhead_us']:+.0f} ± {row['se_us']:.0f} µs "
+                       f"(recording {row['recording_us']:.0f} µs) | recording {row['recording_vs_turn_1']:.2f}x "
+                       "turn 1's |")
         elif "vs_turn_1" in row:
             out.append(f"| {row['case']} | | | {row['overhead_us']:+.0f} µs | {row['vs_turn_1']:.2f}x turn 1's |")
         elif "vs_one_message" in row:
@@ -34,8 +38,10 @@ def section_capture(rs: list[dict]) -> list[str]:
     out += ["", "The \"turn\" rows time a call of a conversation in place, right beside the same call made",
             "outside a rollout, with the rollout's recorder as the call of the turn before left it: the",
             "messages an earlier call sent are not copied again (a changed one is), and a call is built",
-            "without validating them again. The \"no I/O\" rows time the recording alone in a tight loop,",
-            "answered whole or streamed." + (f" {r['turns_note']}" if r.get("turns_note") else ""), ""]
+            "without validating them again. Beside the overhead, its standard error (from the 20 rounds'",
+            "own medians) and the part of it spent recording the response, timed inside the call. The",
+            "\"no I/O\" rows time the recording alone in a tight loop, answered whole or streamed."
+            + (f" {r['turns_note']}" if r.get("turns_note") else ""), ""]
     return out
 
 
