@@ -212,6 +212,42 @@ async def test_a_stream_of_many_batches_of_chunks_is_recorded_whole_and_once(syn
         assert left.choices[0].token_ids == [ord(c) for c in part] and left.choices[0].trainable
 
 
+async def test_a_stream_read_on_after_its_rollout_ended_leaves_the_recorded_call_as_it_was(sync_client,
+                                                                                            async_client):
+    """A stream the rollout left part way is recorded as it stood when the rollout ended; the
+    agent reading on afterwards (a task it did not await) changes nothing on the trajectory,
+    however many chunks more it reads."""
+    from artsdk.capture.openai_patch import READ_EVERY
+
+    words = " ".join(f"w{i}" for i in range(3 * READ_EVERY))
+    streams = []
+
+    @art.rollout
+    def sync_agent():
+        it = iter(sync_client.chat.completions.create(model="m", messages=user(words), stream=True))
+        streams.append((it, [next(it) for _ in range(5)]))
+        return "left"
+
+    @art.rollout
+    async def async_agent():
+        s = await async_client.chat.completions.create(model="m", messages=user(words), stream=True)
+        it = s.__aiter__()
+        streams.append((it, [await it.__anext__() for _ in range(5)]))
+        return "left"
+
+    for t in (await sync_agent.collect(), await async_agent.collect()):
+        (call,) = t.calls
+        stream, _ = streams.pop(0)
+        as_recorded = call.model_dump()
+        assert call.incomplete and call.choices[0].token_ids == [ord(c) for c in call.message["content"]]
+        if hasattr(stream, "__anext__"):
+            rest = [chunk async for chunk in stream]
+        else:
+            rest = list(stream)
+        assert len(rest) > 2 * READ_EVERY  # the agent read on, well past a batch
+        assert call.model_dump() == as_recorded
+
+
 async def test_abandoned_stream_still_recorded_when_rollout_ends_first(async_client):
     keep = []
 

@@ -221,6 +221,7 @@ def watch_stream(rec: Recorder, slot: int, acc: Any, stream: Any, t0: float, is_
     code runs cold each time and costs several times what it costs in a loop over many. So a
     chunk is read as the agent left it: one the agent changes in place is recorded changed."""
     done, seen, iterating = False, False, False  # seen: a chunk has passed (read or kept)
+    recorded = False  # the call is made: chunks read on after that are not added (its lists are the call's)
     body: dict[str, Any] = {}
     kept: list[Any] = []  # chunks passed on and not yet read
     reading = threading.Lock()  # the rollout can end (and read) on another thread while the agent reads
@@ -235,12 +236,13 @@ def watch_stream(rec: Recorder, slot: int, acc: Any, stream: Any, t0: float, is_
         nonlocal seen
         with reading:
             seen = seen or bool(kept)
-            for chunk in kept:
-                acc.add(chunk)
+            if not recorded:
+                for chunk in kept:
+                    acc.add(chunk)
             kept.clear()
 
     def finish(left_early: bool, failure: Optional[str] = None) -> None:
-        nonlocal done
+        nonlocal done, recorded
         if not done:
             done = True
             vars(stream).pop("close", None)  # (it refers to the stream: a cycle for the collector)
@@ -251,7 +253,10 @@ def watch_stream(rec: Recorder, slot: int, acc: Any, stream: Any, t0: float, is_
                     rec.fill(slot, from_bytes(body["data"], body["complete"]))
                     return
             read()
-            rec.fill(slot, acc.to_call(perf_counter() - t0, left_early, failure))
+            with reading:
+                recorded = True
+                call = acc.to_call(perf_counter() - t0, left_early, failure)
+            rec.fill(slot, call)
 
     rec.on_close(slot, lambda: finish(True))
     inner = stream._iterator
