@@ -206,3 +206,31 @@ async def test_a_call_a_litellm_callback_makes_is_a_call_of_its_own(kw, async_cl
         assert [c.messages[0]["content"] for c in t.calls] == [f"q{i}", f"judge q{i}"], t.warnings
         assert [c.provider for c in t.calls] == ["litellm", "openai"] and not t.warnings
     assert [c.messages[0]["content"] for c in alone.calls] == ["s0", "note s0"] and not alone.warnings
+
+
+async def test_a_stream_a_task_reads_on_after_its_rollout_ended_is_read_whole_and_recorded_as_it_stood(kw):
+    """The rollout returns while a task it left running waits for the stream's next chunk: the
+    task still reads the stream to its end, and the call stays as it was when the rollout
+    ended."""
+    import asyncio
+
+    tasks = []
+
+    async def read_on(stream):
+        return "".join([c.choices[0].delta.content or "" async for c in stream])
+
+    @art.rollout
+    async def agent():
+        s = await litellm.acompletion(messages=user("slow stream 0.3 a b c"), stream=True, **kw)
+        first = [(await s.__anext__()).choices[0].delta.content or "" for _ in range(2)]
+        tasks.append(asyncio.create_task(read_on(s)))  # not awaited: it waits on the server's next chunk
+        await asyncio.sleep(0.05)
+        return "".join(first)
+
+    t = await agent.collect()
+    (call,) = t.calls
+    as_recorded = call.model_dump()
+    assert call.incomplete and call.message["content"] == t.outcome == "echo:"
+    rest = await tasks[0]
+    assert t.outcome + rest == "echo: slow stream 0.3 a b c"
+    assert call.model_dump() == as_recorded

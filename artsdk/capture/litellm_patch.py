@@ -13,6 +13,7 @@ recorded once, here; a call one of litellm's logging callbacks makes is a call o
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Optional
@@ -117,7 +118,9 @@ def _record(rec: Recorder, slot: int, kind: Kind, kwargs: dict[str, Any], resp: 
 
 
 class StreamWatch:
-    """Assembles one litellm stream; the patched stream class feeds it each chunk."""
+    """Assembles one litellm stream; the patched stream class feeds it each chunk. The rollout
+    can end (and record the call) while the agent is inside the stream waiting for a chunk, on
+    another thread or task: a chunk that arrives after that is passed on and not added."""
 
     def __init__(self, rec: Recorder, slot: int, acc: Any, t0: float) -> None:
         self.rec = rec
@@ -125,18 +128,28 @@ class StreamWatch:
         self.t0 = t0
         self.done = False
         self.slot = slot
+        self._lock = threading.Lock()
         rec.on_close(slot, lambda: self.finish(True))
 
     def attach(self, stream: Any) -> None:
         setattr(stream, _STREAM_ATTR, self)
 
+    def add(self, chunk: Any) -> None:
+        with self._lock:
+            if not self.done:
+                self.acc.add(chunk)
+
     def finish(self, left_early: bool, failure: Optional[str] = None) -> None:
-        if not self.done:
+        with self._lock:
+            if self.done:
+                return
             self.done = True
-            self.rec.fill(self.slot, self.acc.to_call(perf_counter() - self.t0, left_early, failure))
-            # the stream keeps this until it goes, and litellm's streams are freed by the garbage
-            # collector (a cycle of their own): the recording is not held there with them
-            self.rec = self.acc = None
+            call = self.acc.to_call(perf_counter() - self.t0, left_early, failure)
+        rec = self.rec
+        # the stream keeps this until it goes, and litellm's streams are freed by the garbage
+        # collector (a cycle of their own): the recording is not held there with them
+        self.rec = self.acc = None
+        rec.fill(self.slot, call)
 
 
 def watch_stream_class(sync_cls: type, async_cls: type) -> None:
@@ -157,7 +170,7 @@ def watch_stream_class(sync_cls: type, async_cls: type) -> None:
             except Exception as e:
                 watch.finish(False, f"{type(e).__name__}: {e}")
                 raise
-            watch.acc.add(chunk)
+            watch.add(chunk)
             return chunk
 
         def close(self: Any) -> None:
@@ -187,7 +200,7 @@ def watch_stream_class(sync_cls: type, async_cls: type) -> None:
         except Exception as e:
             watch.finish(False, f"{type(e).__name__}: {e}")
             raise
-        watch.acc.add(chunk)
+        watch.add(chunk)
         return chunk
 
     async def aclose(self: Any) -> None:

@@ -25,6 +25,7 @@ tool calls. What it answers is decided by the last user message:
 - ``"json {...}"``: answers with the JSON after the word, as is
 - ``"cut stream"`` with ``stream=True``: two content chunks, then the connection ends (no
   finish reason, no ``[DONE]``), as when a server or proxy dies mid-answer
+- ``"slow stream 0.2 ..."`` with ``stream=True``: waits that many seconds after each word
 - anything else: ``"echo: <last user content>"``
 
 Each character of the answer is one "token" (id = its code point), logprob -0.5.
@@ -243,6 +244,14 @@ def _token_fields(toks: str, ids_in_tokens: bool) -> dict[str, Any]:
     return {"logprobs": {"content": content}, "token_ids": [ord(c) for c in toks]}
 
 
+def _pause(said: str) -> float:
+    """The seconds ``"slow stream 0.2 ..."`` asks to wait after each streamed word."""
+    try:
+        return float(said.split()[2])
+    except (IndexError, ValueError):
+        return 0.0
+
+
 async def _stream(body: dict[str, Any], model: str, n: int, answer: Any, tokens_of: Any,
                   ids_in_tokens: bool = False, prompt_ids: Optional[list[int]] = None) -> Any:
     created = int(time.time())
@@ -256,7 +265,9 @@ async def _stream(body: dict[str, Any], model: str, n: int, answer: Any, tokens_
                 "model": model, "choices": [c], **({"prompt_token_ids": prompt} if prompt else {})}
         return f"data: {json.dumps(data)}\n\n"
 
-    if _last_user(body.get("messages", [])).startswith("cut stream"):
+    said = _last_user(body.get("messages", []))
+    pause = _pause(said) if said.startswith("slow stream ") else 0.0
+    if said.startswith("cut stream"):
         yield chunk(0, {"role": "assistant", "content": "half"}, toks="half")
         yield chunk(0, {"content": " an"}, toks=" an")
         return
@@ -278,7 +289,7 @@ async def _stream(body: dict[str, Any], model: str, n: int, answer: Any, tokens_
             for k, w in enumerate(words):
                 piece = w if k == 0 else " " + w
                 yield chunk(i, {"content": piece}, toks=piece)
-                await asyncio.sleep(0)
+                await asyncio.sleep(pause)
             yield chunk(i, {}, "stop")
     if (body.get("stream_options") or {}).get("include_usage"):
         data = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": created,
