@@ -134,16 +134,17 @@ def turns_cost(url: str, calls: int, answers: str = "dicts", rounds: int = 20) -
         messages = [{"role": "user", "content": f"turn {i // 2 + 1}: what is the capital of France? one word please"}
                     if i % 2 == 0 else answer(i) for i in range(2 * turn - 1)]
         if answers == "responses":
+            sent = "input"
             call = functools.partial(client.responses.create, model="m", input=messages,
                                      instructions=MSGS[0]["content"])
         else:
+            sent = "messages"
             call = functools.partial(client.chat.completions.create, model="m", messages=[dict(MSGS[0]), *messages])
         rec = Recorder()
         inside = contextvars.copy_context()
         inside.run(current_recorder.set, rec)
         if turn > 1:  # the turn before: its messages are copied now, as they were in the rollout
-            before = call.keywords["input" if answers == "responses" else "messages"][:-2]
-            inside.run(functools.partial(call, **{"input" if answers == "responses" else "messages": before}))
+            inside.run(functools.partial(call, **{sent: call.keywords[sent][:-2]}))
         left = dict(rec.copies)
 
         def captured(rec: Recorder = rec, left: dict = left, inside: Any = inside, call: Any = call) -> None:
@@ -178,7 +179,6 @@ def turns_cost(url: str, calls: int, answers: str = "dicts", rounds: int = 20) -
                      "recording_us": statistics.median(g["recording"]) * 1e6})
         for key in ("overhead_us", "recording_us"):
             rows[-1][f"{key.removesuffix('_us')}_vs_turn_1"] = rows[-1][key] / rows[0][key]
-        rows[-1]["vs_turn_1"] = rows[-1]["overhead_vs_turn_1"]
     return rows
 
 

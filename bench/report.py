@@ -28,8 +28,6 @@ def section_capture(rs: list[dict]) -> list[str]:
             out.append(f"| {row['case']} | {row['call_ms']:.3f} ms | | {row['overhead_us']:+.0f} ± {row['se_us']:.0f} µs "
                        f"(recording {row['recording_us']:.0f} µs) | recording {row['recording_vs_turn_1']:.2f}x "
                        "turn 1's |")
-        elif "vs_turn_1" in row:
-            out.append(f"| {row['case']} | | | {row['overhead_us']:+.0f} µs | {row['vs_turn_1']:.2f}x turn 1's |")
         elif "vs_one_message" in row:
             out.append(f"| {row['case']} (no I/O) | | | {row['overhead_us']:.1f} µs | "
                        f"{row['vs_one_message']:.2f}x one message's |")
