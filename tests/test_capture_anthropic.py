@@ -6,6 +6,7 @@ a session the calls go to the backend whatever base URL the client was built wit
 trajectory replays; a call that escapes capture is reported by name. No torch: this runs in
 the oldest row of the compatibility matrix too (test_local_messages.py trains through it)."""
 
+import asyncio
 import inspect
 
 import pytest
@@ -235,3 +236,44 @@ def test_a_growing_conversation_reuses_its_copies_and_keeps_each_calls_messages_
     assert fourth.params["messages"][1:] == third.params["messages"][1:]
     for call in (first, second, third):
         assert call.params["messages"][0]["content"][0]["text"] == "first" and call.messages[1]["content"] == "first"
+
+
+@pytest.mark.parametrize("how", ["create", "create streamed", "stream helper"])
+async def test_a_call_is_recorded_as_sent_when_another_task_changes_its_messages_while_it_waits(async_anthropic,
+                                                                                                server, how):
+    """A task of the agent's edits the message list in place and appends to it while a call
+    waits for its answer: the call is recorded with what it sent (the server's record)."""
+    client = async_anthropic
+
+    async def create(messages):
+        if how == "stream helper":
+            async with client.messages.stream(model="m", max_tokens=20, messages=messages) as s:
+                await s.get_final_message()
+        elif how == "create streamed":
+            async for _ in await client.messages.create(model="m", max_tokens=20, messages=messages, stream=True):
+                pass
+        else:
+            await client.messages.create(model="m", max_tokens=20, messages=messages)
+
+    before = len(server.requests)  # (the server serves the whole session)
+
+    @art.rollout
+    async def agent():
+        messages = [{"role": "user", "content": [{"type": "text", "text": "warm up"}]}]
+        await create(messages)
+        messages.append({"role": "user", "content": "sleep 0.5 then answer"})
+        waiting = asyncio.create_task(create(messages))
+        while len(server.requests) < before + 2:  # the request is out; the server holds the answer
+            await asyncio.sleep(0.01)
+        messages[0]["content"][0]["text"] = "edited while the call waited"
+        messages.append({"role": "user", "content": "typed while the call waited"})
+        await waiting
+
+    t = await agent.collect()
+    assert t.error is None and len(t.calls) == 2
+    sent = server.requests[before + 1]["body"]["messages"]
+    assert sent[0]["content"][0]["text"] == "warm up" and len(sent) == 2
+    call = t.calls[1]
+    assert call.params["messages"] == [{"role": "user", "content": [{"type": "text", "text": "warm up"}]},
+                                       {"role": "user", "content": [{"type": "text", "text": "sleep 0.5 then answer"}]}]
+    assert [m["content"] for m in call.messages] == ["warm up", "sleep 0.5 then answer"]

@@ -1,5 +1,6 @@
 """Capture of litellm calls against a real HTTP server on 127.0.0.1."""
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -234,3 +235,34 @@ async def test_a_stream_a_task_reads_on_after_its_rollout_ended_is_read_whole_an
     rest = await tasks[0]
     assert t.outcome + rest == "echo: slow stream 0.3 a b c"
     assert call.model_dump() == as_recorded
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_call_is_recorded_as_sent_when_another_task_changes_its_messages_while_it_waits(kw, server, stream):
+    """A task of the agent's edits the message list in place and appends to it while an
+    ``acompletion`` waits for its answer: the call is recorded with what it sent."""
+    async def create(messages):
+        r = await litellm.acompletion(messages=messages, stream=stream, **kw)
+        if stream:
+            async for _ in r:
+                pass
+
+    before = len(server.requests)  # (the server serves the whole session)
+
+    @art.rollout
+    async def agent():
+        messages = user("warm up")
+        await create(messages)
+        messages.append({"role": "user", "content": "sleep 0.5 then answer"})
+        waiting = asyncio.create_task(create(messages))
+        while len(server.requests) < before + 2:  # the request is out; the server holds the answer
+            await asyncio.sleep(0.01)
+        messages[0]["content"] = "edited while the call waited"
+        messages.append({"role": "user", "content": "typed while the call waited"})
+        await waiting
+
+    t = await agent.collect()
+    assert t.error is None and len(t.calls) == 2
+    sent = server.requests[before + 1]["body"]["messages"]
+    assert [m["content"] for m in sent] == ["warm up", "sleep 0.5 then answer"]
+    assert t.calls[1].messages == sent

@@ -1,5 +1,6 @@
 """Capture of openai calls against a real HTTP server on 127.0.0.1."""
 
+import asyncio
 import json
 
 import pytest
@@ -407,6 +408,47 @@ def test_each_call_records_the_conversation_it_sent_even_when_the_agent_edits_it
     assert third.messages[:3] == second.messages and third.messages[0]["content"] == "first"
     assert fourth.messages[0]["content"] == "[cut]" and len(fourth.messages) == 7  # what was sent
     assert first.messages[0]["content"] == "first"  # and the earlier calls keep what they sent
+
+
+@pytest.mark.parametrize("how", ["chat", "chat streamed", "responses", "responses streamed"])
+async def test_a_call_is_recorded_as_sent_when_another_task_changes_its_messages_while_it_waits(async_client,
+                                                                                                server, how):
+    """A task of the agent's changes the message list (an edit in place, a new message) while
+    a call waits for its answer: the call is recorded with what it sent -- the server's own
+    record of the request -- not with the list as it stood when the answer came."""
+    async def create(msgs):
+        stream = how.endswith("streamed")
+        if how.startswith("chat"):
+            r = await async_client.chat.completions.create(model="m", messages=msgs, stream=stream)
+        else:
+            r = await async_client.responses.create(model="m", input=msgs, stream=stream)
+        if stream:
+            async for _ in r:
+                pass
+
+    before = len(server.requests)  # (the server serves the whole session)
+
+    @art.rollout
+    async def agent():
+        msgs = [{"role": "user", "content": "warm up"}]
+        await create(msgs)  # the rollout's copies of this conversation exist: the next call reuses them
+        msgs.append({"role": "user", "content": "sleep 0.5 then answer"})
+        waiting = asyncio.create_task(create(msgs))
+        while len(server.requests) < before + 2:  # the request is out; the server holds the answer
+            await asyncio.sleep(0.01)
+        msgs[0]["content"] = "edited while the call waited"
+        msgs.append({"role": "user", "content": "typed while the call waited"})
+        await waiting
+
+    t = await agent.collect()
+    assert t.error is None and len(t.calls) == 2
+    sent = server.requests[before + 1]["body"]["messages" if how.startswith("chat") else "input"]
+    assert [m["content"] for m in sent] == ["warm up", "sleep 0.5 then answer"]
+    call = t.calls[1]
+    assert call.messages == sent
+    if how.startswith("responses"):
+        assert call.params["input"] == sent
+    assert t.calls[0].messages == [{"role": "user", "content": "warm up"}]
 
 
 def test_a_conversation_of_the_responses_own_messages_is_copied_once_and_its_edits_still_seen(sync_client):

@@ -137,11 +137,11 @@ def _wrap_stream(orig: Callable[..., Any], api: API, is_async: bool) -> Callable
                 if cassette is not None:
                     return replayed(self, stream_kwargs, "stream", cassette, api)
                 target, override, to_backend = routed(self, kwargs.get("model"), api)
-                with one_call(api.provider, stream_kwargs, api.request) as (rec, t0, slot):
-                    send = for_backend(kwargs, slot) if to_backend else kwargs
+                with one_call(api.provider, stream_kwargs, api.request) as call:
+                    send = for_backend(kwargs, call.slot) if to_backend else kwargs
                     raw = await sent(target, {**send, **override} if override else send)
-                if rec is not None:
-                    watch_stream(rec, slot, api.accumulator(stream_kwargs), raw, t0, True)
+                if call.rec is not None:
+                    watch_stream(call.rec, call.slot, api.accumulator(stream_kwargs, call.sent), raw, call.t0, True)
                 return raw
 
             setattr(manager, slot_name, request())
@@ -151,11 +151,11 @@ def _wrap_stream(orig: Callable[..., Any], api: API, is_async: bool) -> Callable
                 if cassette is not None:
                     return replayed(self, stream_kwargs, "stream", cassette, api)
                 target, override, to_backend = routed(self, kwargs.get("model"), api)
-                with one_call(api.provider, stream_kwargs, api.request) as (rec, t0, slot):
-                    send = for_backend(kwargs, slot) if to_backend else kwargs
+                with one_call(api.provider, stream_kwargs, api.request) as call:
+                    send = for_backend(kwargs, call.slot) if to_backend else kwargs
                     raw = sent(target, {**send, **override} if override else send)()
-                if rec is not None:
-                    watch_stream(rec, slot, api.accumulator(stream_kwargs), raw, t0, False)
+                if call.rec is not None:
+                    watch_stream(call.rec, call.slot, api.accumulator(stream_kwargs, call.sent), raw, call.t0, False)
                 return raw
 
             setattr(manager, slot_name, request_sync)

@@ -117,20 +117,25 @@ def _late(rec: Recorder, call: Optional[LLMCall], model: Any = None) -> None:
 inside_call: ContextVar[bool] = ContextVar("artsdk_inside_call", default=False)
 
 
-class one_call:  # noqa: N801 - used as a function: ``with one_call(...) as (rec, t0, slot):``
-    """Around one patched LLM call inside a rollout: gives (the rollout's recorder, the
-    start time, the call's slot: its number in the order calls are made); marks the call as
-    running (``inside_call``); if it raises, records it as a failed call
-    (``request(kwargs)`` reads its model, messages, tools and params) and notes a misspelt
-    model name on the exception. (A class: it runs on every call, and a generator-based
-    context manager costs several times what it does.)"""
+class one_call:  # noqa: N801 - used as a function: ``with one_call(...) as call:``
+    """Around one patched LLM call inside a rollout. Entered, it gives itself: ``rec`` (the
+    rollout's recorder, None outside one), ``slot`` (the call's number in the order calls are
+    made), ``t0`` (the start time), ``kwargs`` (the call's arguments as they go out:
+    ``prepare(kwargs, slot)`` when given, e.g. ``for_backend``) and ``sent`` (their
+    ``request(kwargs)`` -- model, messages, tools, params -- read now, before the call goes
+    out, for its record: a task of the agent's may change the message list while the call
+    waits for its answer, and the call is recorded with what it sent). It marks the call as
+    running (``inside_call``); if the call raises, records it as a failed call with what it
+    sent, and notes a misspelt model name on the exception. (A class: it runs on every call,
+    and a generator-based context manager costs several times what it does.)"""
 
-    __slots__ = ("provider", "kwargs", "request", "rec", "slot", "t0", "token")
+    __slots__ = ("provider", "kwargs", "request", "prepare", "rec", "slot", "t0", "sent", "token")
 
-    def __init__(self, provider: str, kwargs: dict[str, Any], request: Callable[[dict[str, Any]], Any]) -> None:
-        self.provider, self.kwargs, self.request = provider, kwargs, request
+    def __init__(self, provider: str, kwargs: dict[str, Any], request: Callable[[dict[str, Any]], Any],
+                 prepare: Optional[Callable[[dict[str, Any], int], dict[str, Any]]] = None) -> None:
+        self.provider, self.kwargs, self.request, self.prepare = provider, kwargs, request, prepare
 
-    def __enter__(self) -> tuple[Optional[Recorder], float, int]:
+    def __enter__(self) -> "one_call":
         rec = current_recorder.get()
         if rec is not None and rec.pid != current.pid:
             rec = None  # a forked child: its calls reach the rollout by its art.rollout_env() URL, if at all
@@ -139,16 +144,19 @@ class one_call:  # noqa: N801 - used as a function: ``with one_call(...) as (rec
             _late(rec, None, self.kwargs.get("model"))
             rec = None
         self.rec, self.slot = rec, slot
+        if self.prepare is not None:
+            self.kwargs = self.prepare(self.kwargs, slot)
+        self.sent = self.request(self.kwargs) if rec is not None else None
         self.token = inside_call.set(True)
         self.t0 = perf_counter()
-        return rec, self.t0, slot
+        return self
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
         inside_call.reset(self.token)
         if exc is not None:
             if self.rec is not None:
                 self.rec.fill(self.slot, failed_call(self.provider, self.kwargs, exc, perf_counter() - self.t0,
-                                                      self.request(self.kwargs)))
+                                                      self.sent))
             hint_misspelt_model(exc, self.kwargs.get("model"))
 
 

@@ -34,8 +34,8 @@ class Kind:
     functions: tuple[str, str]  # (sync name, async name) in the litellm module
     positional: tuple[str, ...]  # names of the positional arguments
     request: Callable[[dict[str, Any]], tuple[str, list[dict[str, Any]], Any, dict[str, Any]]]
-    from_response: Callable[[dict[str, Any], Any, float], LLMCall]
-    accumulator: Callable[[dict[str, Any]], Any]
+    from_response: Callable[..., LLMCall]  # (kwargs, response, latency, request=what request(kwargs) gave)
+    accumulator: Callable[[dict[str, Any], Any], Any]  # (kwargs, the request as sent)
     replay: Callable[[dict[str, Any], LLMCall], Any]  # what litellm would have returned
     patch_streams: Callable[[], None]  # teach the stream class(es) to report what they yield
 
@@ -83,10 +83,10 @@ def _wrap_sync(orig: Callable[..., Any], kind: Kind) -> Callable[..., Any]:
         cassette = current_cassette.get()
         if cassette is not None:
             return _replay(kwargs, cassette, kind)
-        with one_call(kind.provider, kwargs, kind.request) as (rec, t0, slot):
-            resp = orig(**_route(kwargs, slot))
-        if rec is not None:
-            _record(rec, slot, kind, kwargs, resp, t0)
+        with one_call(kind.provider, kwargs, kind.request) as call:
+            resp = orig(**_route(kwargs, call.slot))
+        if call.rec is not None:
+            _record(call, kind, resp)
         return resp
 
     return call
@@ -101,20 +101,21 @@ def _wrap_async(orig: Callable[..., Any], kind: Kind) -> Callable[..., Any]:
         cassette = current_cassette.get()
         if cassette is not None:
             return _replay(kwargs, cassette, kind)
-        with one_call(kind.provider, kwargs, kind.request) as (rec, t0, slot):
-            resp = await orig(**_route(kwargs, slot))
-        if rec is not None:
-            _record(rec, slot, kind, kwargs, resp, t0)
+        with one_call(kind.provider, kwargs, kind.request) as call:
+            resp = await orig(**_route(kwargs, call.slot))
+        if call.rec is not None:
+            _record(call, kind, resp)
         return resp
 
     return call
 
 
-def _record(rec: Recorder, slot: int, kind: Kind, kwargs: dict[str, Any], resp: Any, t0: float) -> None:
-    if kwargs.get("stream") is True:
-        StreamWatch(rec, slot, kind.accumulator(kwargs), t0).attach(resp)
+def _record(call: one_call, kind: Kind, resp: Any) -> None:
+    """The call recorded with the request as it was sent (``call.sent``, read before it went out)."""
+    if call.kwargs.get("stream") is True:
+        StreamWatch(call.rec, call.slot, kind.accumulator(call.kwargs, call.sent), call.t0).attach(resp)
     else:
-        rec.fill(slot, kind.from_response(kwargs, resp, perf_counter() - t0))
+        call.rec.fill(call.slot, kind.from_response(call.kwargs, resp, perf_counter() - call.t0, request=call.sent))
 
 
 class StreamWatch:

@@ -92,9 +92,9 @@ class MessagesStreamAccumulator:
     """Assembles a stream of Messages events (``message_start``, ``content_block_start`` /
     ``_delta`` / ``_stop``, ``message_delta``, ``message_stop``) into the Message they make."""
 
-    def __init__(self, provider: str, kwargs: dict[str, Any]) -> None:
+    def __init__(self, provider: str, kwargs: dict[str, Any], request: Optional[tuple[Any, ...]] = None) -> None:
         self.provider = provider
-        self.request = messages_request(kwargs)
+        self.request = request or messages_request(kwargs)  # (the request as sent, read before it went out)
         self.start: dict[str, Any] = {}
         self.blocks: dict[int, dict[str, Any]] = {}
         self.partial_json: dict[int, list[str]] = {}

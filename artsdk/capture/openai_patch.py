@@ -41,8 +41,9 @@ class API:
     classes: Callable[[], tuple[type, type]]  # (sync resource class, async one), imported when patching
     methods: tuple[str, ...]
     request: Callable[[dict[str, Any]], tuple[str, list[dict[str, Any]], Any, dict[str, Any]]]
-    from_response: Callable[[dict[str, Any], Any, float], LLMCall]
-    accumulator: Callable[[dict[str, Any]], Any]  # .add(chunk), .to_call(latency, left_early, failure)
+    from_response: Callable[..., LLMCall]  # (kwargs, response, latency, request=what request(kwargs) gave)
+    # (kwargs, the request as sent: ``request(kwargs)``) -> .add(chunk), .to_call(latency, left_early, failure)
+    accumulator: Callable[[dict[str, Any], Any], Any]
     parse_body: Callable[[Any], Any]  # a JSON body -> the response object
     parse_event: Callable[[Any], Any]  # one server-sent event's JSON -> the chunk / event object
     replay: Callable[[Any, dict[str, Any], str, LLMCall], Any]  # what the client would have returned
@@ -135,12 +136,10 @@ def _wrap_sync(orig: Callable[..., Any], kind: str, api: API) -> Callable[..., A
         if cassette is not None:
             return replayed(self, kwargs, kind, cassette, api)
         target, override, to_backend = routed(self, kwargs.get("model"), api)
-        with one_call(api.provider, kwargs, api.request) as (rec, t0, slot):
-            if to_backend:
-                kwargs = for_backend(kwargs, slot)
-            resp = orig(target, *args, **({**kwargs, **override} if override else kwargs))
-        if rec is not None:
-            _record(rec, slot, api, kwargs, resp, t0, is_async=False)
+        with one_call(api.provider, kwargs, api.request, for_backend if to_backend else None) as call:
+            resp = orig(target, *args, **({**call.kwargs, **override} if override else call.kwargs))
+        if call.rec is not None:
+            _record(call, api, resp, is_async=False)
         return resp
 
     return call
@@ -154,45 +153,45 @@ def _wrap_async(orig: Callable[..., Any], kind: str, api: API) -> Callable[..., 
         if cassette is not None:
             return replayed(self, kwargs, kind, cassette, api)
         target, override, to_backend = routed(self, kwargs.get("model"), api)
-        with one_call(api.provider, kwargs, api.request) as (rec, t0, slot):
-            if to_backend:
-                kwargs = for_backend(kwargs, slot)
-            resp = await orig(target, *args, **({**kwargs, **override} if override else kwargs))
-        if rec is not None:
-            _record(rec, slot, api, kwargs, resp, t0, is_async=True)
+        with one_call(api.provider, kwargs, api.request, for_backend if to_backend else None) as call:
+            resp = await orig(target, *args, **({**call.kwargs, **override} if override else call.kwargs))
+        if call.rec is not None:
+            _record(call, api, resp, is_async=True)
         return resp
 
     return call
 
 
-def _record(rec: Recorder, slot: int, api: API, kwargs: dict[str, Any], resp: Any, t0: float, *,
-            is_async: bool) -> None:
+def _record(call: one_call, api: API, resp: Any, *, is_async: bool) -> None:
+    rec, slot, kwargs, sent, t0 = call.rec, call.slot, call.kwargs, call.sent, call.t0
     headers = kwargs.get("extra_headers")  # with_raw_response / with_streaming_response say so in a header
     if headers and headers.get(_RAW_HEADER) is not None and hasattr(resp, "http_response"):
-        _watch_raw(rec, slot, api, kwargs, resp.http_response, t0)
+        _watch_raw(rec, slot, api, kwargs, sent, resp.http_response, t0)
     elif kwargs.get("stream") is True:
         def from_bytes(body: bytes, complete: bool) -> LLMCall:
-            return _from_body(api, kwargs, resp.response, body, complete, perf_counter() - t0)
+            return _from_body(api, kwargs, sent, resp.response, body, complete, perf_counter() - t0)
 
-        watch_stream(rec, slot, api.accumulator(kwargs), resp, t0, is_async, from_bytes)
+        watch_stream(rec, slot, api.accumulator(kwargs, sent), resp, t0, is_async, from_bytes)
     else:
-        rec.fill(slot, api.from_response(kwargs, resp, perf_counter() - t0))
+        rec.fill(slot, api.from_response(kwargs, resp, perf_counter() - t0, request=sent))
 
 
-def _watch_raw(rec: Recorder, slot: int, api: API, kwargs: dict[str, Any], http_response: Any, t0: float) -> None:
+def _watch_raw(rec: Recorder, slot: int, api: API, kwargs: dict[str, Any], sent: Any, http_response: Any,
+               t0: float) -> None:
     """A raw-response wrapper: the agent reads the body as it likes; the call is recorded
-    from the bytes once they are all in (or from what came, if the rollout ends first)."""
+    from the bytes once they are all in (or from what came, if the rollout ends first), with
+    the request as it was sent (``sent``)."""
     def done(body: bytes, complete: bool) -> None:
-        rec.fill(slot, _from_body(api, kwargs, http_response, body, complete, perf_counter() - t0))
+        rec.fill(slot, _from_body(api, kwargs, sent, http_response, body, complete, perf_counter() - t0))
 
     partial = http_body.watch_body(http_response, done)
     rec.on_close(slot, partial)
 
 
-def _from_body(api: API, kwargs: dict[str, Any], http_response: Any, body: bytes, complete: bool,
+def _from_body(api: API, kwargs: dict[str, Any], sent: Any, http_response: Any, body: bytes, complete: bool,
                latency: float) -> LLMCall:
     if http_body.is_event_stream(http_response):
-        acc = api.accumulator(kwargs)
+        acc = api.accumulator(kwargs, sent)
         events, _ = http_body.sse_events(body)
         for data in events:
             acc.add(api.parse_event(data))
@@ -200,11 +199,11 @@ def _from_body(api: API, kwargs: dict[str, Any], http_response: Any, body: bytes
     data = http_body.json_body(body)
     if complete and isinstance(data, dict):
         try:
-            return api.from_response(kwargs, api.parse_body(data), latency)
+            return api.from_response(kwargs, api.parse_body(data), latency, request=sent)
         except ValueError:
             pass
     problem = "the response body was not read to its end" if not complete else "the response body is not the API's JSON"
-    call = failed_call(api.provider, kwargs, ValueError(problem), latency, api.request(kwargs))
+    call = failed_call(api.provider, kwargs, ValueError(problem), latency, sent)
     call.incomplete = not complete
     return call
 

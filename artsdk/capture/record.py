@@ -192,9 +192,9 @@ class StreamAccumulator:
     """Assembles streamed chunks into choices, the way the final message would have
     looked had the call not been streamed."""
 
-    def __init__(self, provider: str, kwargs: dict[str, Any]) -> None:
+    def __init__(self, provider: str, kwargs: dict[str, Any], request: Optional[tuple[Any, ...]] = None) -> None:
         self.provider = provider
-        self.request = request_parts(kwargs)
+        self.request = request or request_parts(kwargs)  # (the request as sent, read before it went out)
         self.choices: dict[int, dict[str, Any]] = {}
         self.served_by: Optional[str] = None
         self.usage: Optional[dict[str, Any]] = None

@@ -103,9 +103,9 @@ class ResponsesStreamAccumulator:
     """Assembles a stream of Responses events: the final response when the stream got as far
     as ``response.completed`` (or ``incomplete`` / ``failed``), else what the deltas said."""
 
-    def __init__(self, provider: str, kwargs: dict[str, Any]) -> None:
+    def __init__(self, provider: str, kwargs: dict[str, Any], request: Optional[tuple[Any, ...]] = None) -> None:
         self.provider = provider
-        self.request = responses_request(kwargs)
+        self.request = request or responses_request(kwargs)  # (the request as sent, read before it went out)
         self.final: Any = None
         self.latest: Any = None  # the response as of the newest event that carried one
         self.text: list[str] = []

@@ -139,6 +139,8 @@ def make_app(step: int = 0, script: Optional[Script] = None, ids_in_tokens: bool
 
         messages = chat_messages(items_of(body.get("input")), body.get("instructions"))
         text = _last_user(messages)
+        if text.startswith("sleep "):
+            await asyncio.sleep(float(text.split()[1]))
         if text.startswith("bad json"):
             return JSONResponse({"error": {"message": "scripted failure", "type": "invalid_request_error"}},
                                 status_code=400)
@@ -172,6 +174,8 @@ def make_app(step: int = 0, script: Optional[Script] = None, ids_in_tokens: bool
 
         chat = chat_messages(body.get("messages") or [], body.get("system"))
         text = _last_user(chat)
+        if text.startswith("sleep "):
+            await asyncio.sleep(float(text.split()[1]))
         if text.startswith("bad json"):
             return JSONResponse({"type": "error", "error": {"type": "invalid_request_error",
                                                             "message": "scripted failure"}}, status_code=400)
