@@ -277,3 +277,26 @@ async def test_a_call_is_recorded_as_sent_when_another_task_changes_its_messages
     assert call.params["messages"] == [{"role": "user", "content": [{"type": "text", "text": "warm up"}]},
                                        {"role": "user", "content": [{"type": "text", "text": "sleep 0.5 then answer"}]}]
     assert [m["content"] for m in call.messages] == ["warm up", "sleep 0.5 then answer"]
+
+
+def test_a_calls_params_are_recorded_as_sent_when_the_agent_reuses_and_changes_them(sync_anthropic, server):
+    """Stop sequences and metadata the agent keeps and changes between calls: each call's
+    params say what that call sent."""
+    before = len(server.requests)
+
+    @art.rollout
+    def agent():
+        stops, metadata = ["\n\nHuman:"], {"user_id": "a"}
+        for _ in range(2):
+            sync_anthropic.messages.create(model="m", max_tokens=20, messages=[{"role": "user", "content": "hi"}],
+                                           stop_sequences=stops, metadata=metadata)
+            stops.append("END")
+            metadata["user_id"] = "b"
+
+    t = agent.collect_sync()
+    assert t.error is None
+    first, second = t.calls
+    sent = server.requests[before]["body"]
+    assert first.params["stop_sequences"] == sent["stop_sequences"] == ["\n\nHuman:"]
+    assert first.params["metadata"] == sent["metadata"] == {"user_id": "a"}
+    assert second.params["stop_sequences"] == ["\n\nHuman:", "END"] and second.params["metadata"] == {"user_id": "b"}

@@ -451,6 +451,34 @@ async def test_a_call_is_recorded_as_sent_when_another_task_changes_its_messages
     assert t.calls[0].messages == [{"role": "user", "content": "warm up"}]
 
 
+def test_a_calls_params_are_recorded_as_sent_when_the_agent_reuses_and_changes_them(sync_client, server):
+    """Sampling options the agent keeps in a list or dict and changes between calls (a stop
+    list it grows, an ``extra_body`` it updates): each call's params say what that call sent."""
+    before = len(server.requests)
+
+    @art.rollout
+    def agent():
+        stop, extra = ["\n\n"], {"top_k": 5}
+        include, text = ["message.output_text.logprobs"], {"verbosity": "low"}
+        for k in range(2):
+            sync_client.chat.completions.create(model="m", messages=user("hi"), stop=stop, extra_body=extra)
+            sync_client.responses.create(model="m", input="hi", include=include, text=text)
+            stop.append("END")
+            extra["top_k"] = 50
+            include.append("reasoning.encrypted_content")
+            text["verbosity"] = "high"
+
+    t = agent.collect_sync()
+    assert t.error is None
+    chat, responses = t.calls[0], t.calls[1]
+    sent_chat, sent_responses = (server.requests[before + i]["body"] for i in (0, 1))
+    assert chat.params["stop"] == sent_chat["stop"] == ["\n\n"]
+    assert chat.params["extra_body"] == {"top_k": 5} and sent_chat["top_k"] == 5
+    assert responses.params["include"] == sent_responses["include"] == ["message.output_text.logprobs"]
+    assert responses.params["text"] == sent_responses["text"] == {"verbosity": "low"}
+    assert t.calls[2].params["stop"] == ["\n\n", "END"] and t.calls[2].params["extra_body"] == {"top_k": 50}
+
+
 def test_a_conversation_of_the_responses_own_messages_is_copied_once_and_its_edits_still_seen(sync_client):
     """The usual agent appends the response's ``ChatCompletionMessage`` to its history. Those
     objects never equal their dict copies, yet a later call reuses the copies (recording turn 20

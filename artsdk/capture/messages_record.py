@@ -18,7 +18,7 @@ from typing import Any, Iterable, Optional
 from ..trajectory.message_blocks import (add_chat_messages, as_block, assistant_message, blocks_of, chat_tools,
                                         system_text)
 from ..trajectory.records import Choice, LLMCall, constructed
-from ..trajectory.response_items import chat_head
+from ..trajectory.response_items import chat_head, plain
 from .prefix import folded, reused
 from .record import CUT, extra_field, given, served_step
 
@@ -40,6 +40,8 @@ def messages_request(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]],
             v = reused("messages", v, _message)  # the copies an earlier call made reused (prefix.py)
         elif k in ("tools", "system") and not isinstance(v, str):
             v = [as_block(x) for x in v]
+        else:  # a copy: the agent may change its stop sequences or metadata for the next call
+            v = plain(v)
         params[k] = v
     extra = params.get("extra_body")
     for k in _SAMPLING:  # anthropic 2.x takes sampling fields in extra_body: the training reads them here

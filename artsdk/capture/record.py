@@ -12,6 +12,7 @@ from operator import attrgetter
 from typing import Any, Iterable, Optional
 
 from ..trajectory.records import Choice, LLMCall, as_message, constructed
+from ..trajectory.response_items import plain
 from .prefix import reused
 
 # Request keys that are not sampling parameters (or cannot be stored as JSON).
@@ -38,7 +39,7 @@ def request_parts(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]], An
             continue
         if isinstance(v, type):  # response_format=SomeModel in .parse(): the JSON schema that was sent
             v = response_format_sent(v)
-        params[k] = v
+        params[k] = plain(v)  # (a copy: the agent may change its stop list or extra_body for the next call)
     return str(kwargs.get("model", "")), messages, tools, params
 
 

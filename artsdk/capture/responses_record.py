@@ -14,7 +14,8 @@ from __future__ import annotations
 import time
 from typing import Any, Iterable, Optional
 
-from ..trajectory.response_items import add_chat_message, as_item, assistant_message, chat_head, chat_tools, items_of
+from ..trajectory.response_items import (add_chat_message, as_item, assistant_message, chat_head, chat_tools, items_of,
+                                         plain)
 from ..trajectory.records import Choice, LLMCall, constructed
 from .prefix import folded, reused
 from .record import CUT, extra_field, given, response_format_sent, served_step
@@ -41,6 +42,8 @@ def responses_request(kwargs: dict[str, Any]) -> tuple[str, list[dict[str, Any]]
             v = [as_item(t) for t in v]
         elif isinstance(v, type):
             v = response_format_sent(v)
+        else:  # a copy: the agent may change its include list or text options for the next call
+            v = plain(v)
         params[k] = v
     tf = kwargs.get("text_format")
     if tf is not None and given(tf):  # .parse(text_format=Model): the format the client sends, its schema
