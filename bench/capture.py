@@ -184,24 +184,34 @@ def turns_cost(url: str, calls: int, answers: str = "dicts", rounds: int = 20) -
 
 @contextlib.contextmanager
 def recording_timed() -> Any:
-    """The time each captured call spends recording its response (the patched call's
-    ``_record``: the request's messages copied or reused, the response read, the call built),
-    timed in place, inside the call: a list the calls add to."""
-    from artsdk.capture import openai_patch
+    """The time each captured call spends on its record, timed in place, inside the call: the
+    request read as it goes out (``one_call``'s entry: the messages copied or reused) and the
+    response recorded (the patched call's ``_record``: the response read, the call built). A
+    list the calls add to, one sum a call."""
+    from artsdk.capture import context, openai_patch
 
     spent: list[float] = []
-    record = openai_patch._record
+    entering: list[float] = []
+    record, enter = openai_patch._record, context.one_call.__enter__
+
+    def timed_enter(self: Any) -> Any:
+        t0 = time.perf_counter()
+        got = enter(self)
+        if self.rec is not None:  # (a call outside a rollout records nothing)
+            entering.append(time.perf_counter() - t0)
+        return got
 
     def timed(*args: Any, **kwargs: Any) -> None:
         t0 = time.perf_counter()
         record(*args, **kwargs)
-        spent.append(time.perf_counter() - t0)
+        spent.append(time.perf_counter() - t0 + (entering.pop() if entering else 0.0))
 
-    openai_patch._record = timed
+    openai_patch._record, context.one_call.__enter__ = timed, timed_enter  # type: ignore[method-assign]
     try:
         yield spent
     finally:
-        openai_patch._record = record
+        openai_patch._record, context.one_call.__enter__ = record, enter  # type: ignore[method-assign]
+        entering.clear()
 
 
 def direct_cost(n: int = 3000) -> dict:
