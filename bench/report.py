@@ -153,7 +153,7 @@ def section_capture_instructions(rs: list[dict]) -> list[str]:
     for row in r["rows"]:
         out.append(f"| {row['case']} | {row['ours_uncaptured'] / 1e6:.2f}M / {row['art_uncaptured'] / 1e6:.2f}M | "
                    f"+{row['ours_overhead'] / 1e3:,.0f}k | +{row['art_overhead'] / 1e3:,.0f}k | {row['ratio']:.2f} |")
-    return out + [""]
+    return out + [""] + ([r["note"], ""] if r.get("note") else [])
 
 
 def section_store(rs: list[dict]) -> list[str]:
