@@ -6,13 +6,13 @@ a session the calls go to the backend whatever base URL the client was built wit
 trajectory replays; a call that escapes capture is reported by name. No torch: this runs in
 the oldest row of the compatibility matrix too (test_local_messages.py trains through it)."""
 
-import asyncio
 import inspect
 
 import pytest
 
 import artsdk as art
 from artsdk.capture.record import CUT
+from tests.while_waiting import WAITING, changed_while_waiting
 
 anthropic = pytest.importorskip("anthropic")
 pytestmark = pytest.mark.anyio
@@ -255,28 +255,18 @@ async def test_a_call_is_recorded_as_sent_when_another_task_changes_its_messages
         else:
             await client.messages.create(model="m", max_tokens=20, messages=messages)
 
-    before = len(server.requests)  # (the server serves the whole session)
-
-    @art.rollout
-    async def agent():
-        messages = [{"role": "user", "content": [{"type": "text", "text": "warm up"}]}]
-        await create(messages)
-        messages.append({"role": "user", "content": "sleep 0.5 then answer"})
-        waiting = asyncio.create_task(create(messages))
-        while len(server.requests) < before + 2:  # the request is out; the server holds the answer
-            await asyncio.sleep(0.01)
+    def change(messages):
         messages[0]["content"][0]["text"] = "edited while the call waited"
         messages.append({"role": "user", "content": "typed while the call waited"})
-        await waiting
 
-    t = await agent.collect()
-    assert t.error is None and len(t.calls) == 2
-    sent = server.requests[before + 1]["body"]["messages"]
+    t, body = await changed_while_waiting(server, create, [{"role": "user", "content": [{"type": "text",
+                                                                                        "text": "warm up"}]}], change)
+    sent = body["messages"]
     assert sent[0]["content"][0]["text"] == "warm up" and len(sent) == 2
     call = t.calls[1]
     assert call.params["messages"] == [{"role": "user", "content": [{"type": "text", "text": "warm up"}]},
-                                       {"role": "user", "content": [{"type": "text", "text": "sleep 0.5 then answer"}]}]
-    assert [m["content"] for m in call.messages] == ["warm up", "sleep 0.5 then answer"]
+                                       {"role": "user", "content": [{"type": "text", "text": WAITING}]}]
+    assert [m["content"] for m in call.messages] == ["warm up", WAITING]
 
 
 def test_a_calls_params_are_recorded_as_sent_when_the_agent_reuses_and_changes_them(sync_anthropic, server):

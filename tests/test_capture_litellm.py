@@ -1,6 +1,5 @@
 """Capture of litellm calls against a real HTTP server on 127.0.0.1."""
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -8,6 +7,7 @@ import sys
 import pytest
 
 import artsdk as art
+from tests.while_waiting import WAITING, changed_while_waiting
 
 pytestmark = pytest.mark.anyio
 
@@ -247,22 +247,10 @@ async def test_a_call_is_recorded_as_sent_when_another_task_changes_its_messages
             async for _ in r:
                 pass
 
-    before = len(server.requests)  # (the server serves the whole session)
-
-    @art.rollout
-    async def agent():
-        messages = user("warm up")
-        await create(messages)
-        messages.append({"role": "user", "content": "sleep 0.5 then answer"})
-        waiting = asyncio.create_task(create(messages))
-        while len(server.requests) < before + 2:  # the request is out; the server holds the answer
-            await asyncio.sleep(0.01)
+    def change(messages):
         messages[0]["content"] = "edited while the call waited"
         messages.append({"role": "user", "content": "typed while the call waited"})
-        await waiting
 
-    t = await agent.collect()
-    assert t.error is None and len(t.calls) == 2
-    sent = server.requests[before + 1]["body"]["messages"]
-    assert [m["content"] for m in sent] == ["warm up", "sleep 0.5 then answer"]
-    assert t.calls[1].messages == sent
+    t, body = await changed_while_waiting(server, create, user("warm up"), change)
+    assert [m["content"] for m in body["messages"]] == ["warm up", WAITING]
+    assert t.calls[1].messages == body["messages"]

@@ -1,6 +1,5 @@
 """Capture of openai calls against a real HTTP server on 127.0.0.1."""
 
-import asyncio
 import json
 
 import pytest
@@ -8,6 +7,7 @@ from openai import BadRequestError
 from pydantic import BaseModel
 
 import artsdk as art
+from tests.while_waiting import WAITING, changed_while_waiting
 
 pytestmark = pytest.mark.anyio
 
@@ -426,24 +426,13 @@ async def test_a_call_is_recorded_as_sent_when_another_task_changes_its_messages
             async for _ in r:
                 pass
 
-    before = len(server.requests)  # (the server serves the whole session)
-
-    @art.rollout
-    async def agent():
-        msgs = [{"role": "user", "content": "warm up"}]
-        await create(msgs)  # the rollout's copies of this conversation exist: the next call reuses them
-        msgs.append({"role": "user", "content": "sleep 0.5 then answer"})
-        waiting = asyncio.create_task(create(msgs))
-        while len(server.requests) < before + 2:  # the request is out; the server holds the answer
-            await asyncio.sleep(0.01)
+    def change(msgs):
         msgs[0]["content"] = "edited while the call waited"
         msgs.append({"role": "user", "content": "typed while the call waited"})
-        await waiting
 
-    t = await agent.collect()
-    assert t.error is None and len(t.calls) == 2
-    sent = server.requests[before + 1]["body"]["messages" if how.startswith("chat") else "input"]
-    assert [m["content"] for m in sent] == ["warm up", "sleep 0.5 then answer"]
+    t, body = await changed_while_waiting(server, create, [{"role": "user", "content": "warm up"}], change)
+    sent = body["messages" if how.startswith("chat") else "input"]
+    assert [m["content"] for m in sent] == ["warm up", WAITING]
     call = t.calls[1]
     assert call.messages == sent
     if how.startswith("responses"):
