@@ -290,3 +290,18 @@ def test_a_calls_params_are_recorded_as_sent_when_the_agent_reuses_and_changes_t
     assert first.params["stop_sequences"] == sent["stop_sequences"] == ["\n\nHuman:"]
     assert first.params["metadata"] == sent["metadata"] == {"user_id": "a"}
     assert second.params["stop_sequences"] == ["\n\nHuman:", "END"] and second.params["metadata"] == {"user_id": "b"}
+
+
+def test_messages_given_as_a_generator_reach_the_server_and_the_record_alike(sync_anthropic, server):
+    before = len(server.requests)
+    history = [{"role": "user", "content": "from a generator"}]
+
+    @art.rollout
+    def agent():
+        sync_anthropic.messages.create(model="m", max_tokens=20, messages=(m for m in history))
+
+    t = agent.collect_sync()
+    assert t.error is None
+    (call,) = t.calls
+    assert server.requests[before]["body"]["messages"] == history
+    assert call.messages == history and call.message["content"] == "echo: from a generator"

@@ -254,3 +254,18 @@ async def test_a_call_is_recorded_as_sent_when_another_task_changes_its_messages
     t, body = await changed_while_waiting(server, create, user("warm up"), change)
     assert [m["content"] for m in body["messages"]] == ["warm up", WAITING]
     assert t.calls[1].messages == body["messages"]
+
+async def test_messages_given_as_a_generator_reach_the_server_and_the_record_alike(kw, server):
+    before = len(server.requests)
+    history = user("from a generator")
+
+    @art.rollout
+    async def agent():
+        litellm.completion(messages=(m for m in history), **kw)
+        await litellm.acompletion(messages=iter(history), **kw)
+
+    t = await agent.collect()
+    assert t.error is None and len(t.calls) == 2
+    for i, call in enumerate(t.calls):
+        assert server.requests[before + i]["body"]["messages"] == history == call.messages
+        assert call.message["content"] == "echo: from a generator"

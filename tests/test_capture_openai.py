@@ -440,6 +440,34 @@ async def test_a_call_is_recorded_as_sent_when_another_task_changes_its_messages
     assert t.calls[0].messages == [{"role": "user", "content": "warm up"}]
 
 
+@pytest.mark.parametrize("api", ["chat", "responses"])
+async def test_messages_given_as_a_generator_reach_the_server_and_the_record_alike(sync_client, async_client,
+                                                                                   server, api):
+    """The clients take messages (and tools) as any iterable, a generator included, which can
+    be read once: the server gets them all, and the call is recorded with them."""
+    before = len(server.requests)
+    history = [{"role": "user", "content": "from a generator"}]
+
+    @art.rollout
+    async def agent():
+        if api == "chat":
+            sync_client.chat.completions.create(model="m", messages=(m for m in history),
+                                                tools=(t for t in TOOLS))
+            await async_client.chat.completions.create(model="m", messages=iter(history))
+        else:
+            sync_client.responses.create(model="m", input=(m for m in history))
+            await async_client.responses.create(model="m", input=iter(history))
+
+    t = await agent.collect()
+    assert t.error is None and len(t.calls) == 2
+    for i, call in enumerate(t.calls):
+        body = server.requests[before + i]["body"]
+        assert body["messages" if api == "chat" else "input"] == history
+        assert call.messages == history and call.choices[0].message["content"] == "echo: from a generator"
+    if api == "chat":
+        assert t.calls[0].tools == TOOLS == server.requests[before]["body"]["tools"]
+
+
 def test_a_calls_params_are_recorded_as_sent_when_the_agent_reuses_and_changes_them(sync_client, server):
     """Sampling options the agent keeps in a list or dict and changes between calls (a stop
     list it grows, an ``extra_body`` it updates): each call's params say what that call sent."""

@@ -8,6 +8,7 @@ one dict check.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from time import perf_counter
@@ -144,6 +145,8 @@ class one_call:  # noqa: N801 - used as a function: ``with one_call(...) as call
             _late(rec, None, self.kwargs.get("model"))
             rec = None
         self.rec, self.slot = rec, slot
+        if rec is not None:
+            self.kwargs = _read_once(self.kwargs)
         if self.prepare is not None:
             self.kwargs = self.prepare(self.kwargs, slot)
         self.sent = self.request(self.kwargs) if rec is not None else None
@@ -158,6 +161,20 @@ class one_call:  # noqa: N801 - used as a function: ``with one_call(...) as call
                 self.rec.fill(self.slot, failed_call(self.provider, self.kwargs, exc, perf_counter() - self.t0,
                                                       self.sent))
             hint_misspelt_model(exc, self.kwargs.get("model"))
+
+
+_READ_AGAIN = frozenset({list, dict, str, tuple, int, float, bool, type(None)})  # (the usual arguments' types)
+
+
+def _read_once(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with each argument that can be read only once (an iterator) made a list: the
+    clients take their messages as any iterable (``messages=(m for m in history)``), and the
+    record reads them before the client does; both then read the list."""
+    for v in kwargs.values():
+        if type(v) not in _READ_AGAIN and isinstance(v, Iterator):
+            return {k: list(x) if type(x) not in _READ_AGAIN and isinstance(x, Iterator) else x
+                    for k, x in kwargs.items()}
+    return kwargs
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ def _wrap_sync(orig: Callable[..., Any], kind: Kind) -> Callable[..., Any]:
         if cassette is not None:
             return _replay(kwargs, cassette, kind)
         with one_call(kind.provider, kwargs, kind.request) as call:
-            resp = orig(**_route(kwargs, call.slot))
+            resp = orig(**_route(call.kwargs, call.slot))
         if call.rec is not None:
             _record(call, kind, resp)
         return resp
@@ -102,7 +102,7 @@ def _wrap_async(orig: Callable[..., Any], kind: Kind) -> Callable[..., Any]:
         if cassette is not None:
             return _replay(kwargs, cassette, kind)
         with one_call(kind.provider, kwargs, kind.request) as call:
-            resp = await orig(**_route(kwargs, call.slot))
+            resp = await orig(**_route(call.kwargs, call.slot))
         if call.rec is not None:
             _record(call, kind, resp)
         return resp
