@@ -121,8 +121,9 @@ inside_call: ContextVar[bool] = ContextVar("artsdk_inside_call", default=False)
 class one_call:  # noqa: N801 - used as a function: ``with one_call(...) as call:``
     """Around one patched LLM call inside a rollout. Entered, it gives itself: ``rec`` (the
     rollout's recorder, None outside one), ``slot`` (the call's number in the order calls are
-    made), ``t0`` (the start time), ``kwargs`` (the call's arguments as they go out:
-    ``prepare(kwargs, slot)`` when given, e.g. ``for_backend``) and ``sent`` (their
+    made), ``t0`` (the start time), ``kwargs`` (the call's arguments as they go out: inside a
+    rollout, any that can be read only once made a list, and ``prepare(kwargs, slot)`` when
+    given, e.g. ``for_backend``) and ``sent`` (their
     ``request(kwargs)`` -- model, messages, tools, params -- read now, before the call goes
     out, for its record: a task of the agent's may change the message list while the call
     waits for its answer, and the call is recorded with what it sent). It marks the call as
