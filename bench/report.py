@@ -37,7 +37,8 @@ def section_capture(rs: list[dict]) -> list[str]:
             "outside a rollout, with the rollout's recorder as the call of the turn before left it: the",
             "messages an earlier call sent are not copied again (a changed one is), and a call is built",
             "without validating them again. Beside the overhead, its standard error (from the 20 rounds'",
-            "own medians) and the part of it spent recording the response, timed inside the call. The",
+            "own medians) and the part of it spent on the call's record (the request read as it goes",
+            "out, the response recorded), timed inside the call. The",
             "\"no I/O\" rows time the recording alone in a tight loop, answered whole or streamed."
             + (f" {r['turns_note']}" if r.get("turns_note") else ""), ""]
     return out

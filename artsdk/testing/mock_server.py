@@ -99,8 +99,7 @@ def make_app(step: int = 0, script: Optional[Script] = None, ids_in_tokens: bool
         app.state.requests.append({"body": body, "auth": request.headers.get("authorization"),
                                    "headers": dict(request.headers)})
         text = _last_user(body.get("messages", []))
-        if text.startswith("sleep "):
-            await asyncio.sleep(float(text.split()[1]))
+        await _held(text)
         if text.startswith("bad json"):
             return JSONResponse({"error": {"message": "scripted failure", "type": "invalid_request_error"}},
                                 status_code=400)
@@ -139,8 +138,7 @@ def make_app(step: int = 0, script: Optional[Script] = None, ids_in_tokens: bool
 
         messages = chat_messages(items_of(body.get("input")), body.get("instructions"))
         text = _last_user(messages)
-        if text.startswith("sleep "):
-            await asyncio.sleep(float(text.split()[1]))
+        await _held(text)
         if text.startswith("bad json"):
             return JSONResponse({"error": {"message": "scripted failure", "type": "invalid_request_error"}},
                                 status_code=400)
@@ -174,8 +172,7 @@ def make_app(step: int = 0, script: Optional[Script] = None, ids_in_tokens: bool
 
         chat = chat_messages(body.get("messages") or [], body.get("system"))
         text = _last_user(chat)
-        if text.startswith("sleep "):
-            await asyncio.sleep(float(text.split()[1]))
+        await _held(text)
         if text.startswith("bad json"):
             return JSONResponse({"type": "error", "error": {"type": "invalid_request_error",
                                                             "message": "scripted failure"}}, status_code=400)
@@ -246,6 +243,12 @@ def _token_fields(toks: str, ids_in_tokens: bool) -> dict[str, Any]:
     if ids_in_tokens:
         return {"logprobs": {"content": content}}
     return {"logprobs": {"content": content}, "token_ids": [ord(c) for c in toks]}
+
+
+async def _held(said: str) -> None:
+    """``"sleep 0.05 ..."``: wait that many seconds before answering, on any route."""
+    if said.startswith("sleep "):
+        await asyncio.sleep(float(said.split()[1]))
 
 
 def _pause(said: str) -> float:
