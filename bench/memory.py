@@ -9,7 +9,8 @@ a step), for ``--steps`` steps (2: the peak is reached by the second step's trai
 and prints its peak resident memory beside the floor any run of it needs: the base weights, the
 LoRA adapter, its gradients and the optimizer's state (their sizes on disk). It writes
 bench/results/memory_demo.json, which docs/benchmarks.md shows. ``--check`` fails (exit 1) when
-the peak is more than 10% over the figure recorded there: the guard tests/test_memory_guard.py runs.
+the peak is more than 10% over the figure recorded there in two runs (the second run only when the
+first is over): the guard tests/test_memory_guard.py runs.
 
 Without ``--demo``: loading the model, gathering a batch like the demo's (8 prompts x 8 samples,
 16 tokens each) and training on it, for several ``tokens_per_row`` and ``max_batch`` settings,
@@ -111,20 +112,29 @@ def demo_peak(steps: int, eval_games: int, threads: int) -> dict:
                 "lora_mb": lora / 2**20, "optimizer_mb": optimizer / 2**20, "eval_after": solved[-1] if solved else ""}
 
 
-def demo(a: "object") -> None:
+def demo_run(a: "object") -> dict:
     r = demo_peak(a.steps, a.eval_games, a.threads)  # type: ignore[attr-defined]
     print(f"the demo's path ({r['steps']} steps): peak {r['peak_mb']:,.0f} MB resident; floor {r['floor_mb']:,.0f} MB "
           f"(weights {r['weights_mb']:,.0f} + LoRA {r['lora_mb']:,.1f} and its gradients + optimizer "
           f"{r['optimizer_mb']:,.1f}); {r['seconds']:.0f} s; {r['eval_after']}", flush=True)
+    return r
+
+
+def demo(a: "object") -> None:
+    r = demo_run(a)
     if a.check:  # type: ignore[attr-defined]
         recorded = (load_result("memory_demo") or {}).get("peak_mb")
         if recorded is None:
             raise SystemExit("no recorded figure (bench/results/memory_demo.json): run python -m bench.memory --demo")
         limit = recorded * GROWTH
         print(f"recorded {recorded:,.0f} MB; limit {limit:,.0f} MB (+{GROWTH - 1:.0%})", flush=True)
-        if r["peak_mb"] > limit:
-            raise SystemExit(f"the demo's peak memory grew: {r['peak_mb']:,.0f} MB against {recorded:,.0f} MB recorded "
-                             f"in docs/benchmarks.md (more than {GROWTH - 1:.0%} over)")
+        if r["peak_mb"] > limit:  # once more: a regression peaks over in every run, not in one of them
+            print("over the limit; running it again (the same run peaks up to 100 MB apart from run to run)", flush=True)
+            again = demo_run(a)
+            if again["peak_mb"] > limit:
+                raise SystemExit(f"the demo's peak memory grew: {r['peak_mb']:,.0f} and {again['peak_mb']:,.0f} MB "
+                                 f"against {recorded:,.0f} MB recorded in docs/benchmarks.md (more than "
+                                 f"{GROWTH - 1:.0%} over in two runs)")
         return
     runs = (load_result("memory_demo") or {}).get("runs", []) if a.keep else []  # type: ignore[attr-defined]
     runs.append(r)

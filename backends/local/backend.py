@@ -12,6 +12,7 @@ keep_checkpoints = 3     # newest N checkpoints kept (plus the best by best_metr
 engine = "builtin"       # or "vllm": vLLM in a process of its own (pip install artsdk[vllm])
 prefix_cache_mb = 512    # the built-in engine's cache of earlier turns' keys and values (0: off)
 malloc_arenas = 2        # glibc's malloc arenas for the process (0: glibc's default; heap.py)
+malloc_mmap_kb = 1024    # allocations this large get pages of their own (0: glibc's sliding threshold)
 api_key = "..."          # the key its server checks (default: a fresh random one, in endpoint.api_key)
 docs = false             # true: the server also serves /docs and /openapi.json
 ```
@@ -36,7 +37,7 @@ from artsdk.trajectory import Group, Trajectory
 
 from ..http import ServerThread, session_key
 from .checkpoints import move_aside
-from .heap import limit_arenas
+from .heap import limit_arenas, map_from
 from .served import ServedModel
 from .trainer import TrainConfig
 
@@ -53,15 +54,19 @@ class LocalBackend:
                  cache: Optional[str] = None, http: bool = True, merge_adapters: bool = True,
                  engine: str = "builtin", vllm: Optional[dict[str, Any]] = None, prefix_cache_mb: int = 512,
                  serve_only: bool = False, docs: bool = False, malloc_arenas: int = 2,
-                 **train_defaults: Any) -> None:
+                 malloc_mmap_kb: int = 1024, **train_defaults: Any) -> None:
         from artsdk.config import settings
 
         from . import models
 
-        if isinstance(malloc_arenas, bool) or not isinstance(malloc_arenas, int) or malloc_arenas < 0:
-            raise BackendError(f"local backend: malloc_arenas={malloc_arenas!r} must be a whole number >= 0 (0: "
-                               f"glibc's own limit)")
-        limit_arenas(malloc_arenas)  # before this backend's threads allocate: memory one frees, another reuses
+        for name, value in (("malloc_arenas", malloc_arenas), ("malloc_mmap_kb", malloc_mmap_kb)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise BackendError(f"local backend: {name}={value!r} must be a whole number >= 0 (0: glibc's own "
+                                   f"{'limit' if name == 'malloc_arenas' else 'threshold'})")
+        # before this backend's threads allocate: memory one frees, another reuses; a training
+        # step's larger activations on pages of their own, given back when freed
+        limit_arenas(malloc_arenas)
+        map_from(malloc_mmap_kb)
         self.device = models.pick_device(device)
         self.dtype = models.pick_dtype(self.device, dtype)
         self.home = Path(home or settings().home)
