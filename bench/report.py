@@ -355,7 +355,7 @@ def section_memory(rs: list[dict]) -> list[str]:
                 f"{demo['lora_mb']:.1f} + {demo['lora_mb']:.1f} + {demo['optimizer_mb']:.1f}) | "
                 f"{demo['peak_mb'] / demo['floor_mb']:.2f}x | {runs} MB |", "",
                 f"The guard (`tests/test_memory_guard.py`, `python -m bench.memory --demo --check`; in the 2-worker "
-                "suite on one torch thread, which peaks where two do: 1,869 to 1,944 MB) fails when the "
+                "suite on one torch thread, which peaks where two do: 1,906 and 1,934 MB) fails when the "
                 f"demo's path peaks more than 10% over {demo['peak_mb']:,.0f} MB, the highest of the runs, in two "
                 "runs (the second only when the first is over): the same answers and updates peak up to 100 MB "
                 "apart from run to run, with how the engine's and the trainer's threads interleave and whether the "
@@ -365,16 +365,17 @@ def section_memory(rs: list[dict]) -> list[str]:
                 "copy of the adapted layers and the prefix cache's keys of the weights the step replaces (2.52 GB "
                 "with that alone) -- and the local backend keeps glibc's malloc to two arenas (`malloc_arenas`), so "
                 "memory one thread frees (the engine's, a training step's worker) another reuses (2.65 GB with "
-                "that alone; 1.88 GB with both, the same answers, no slower). And it gives every allocation of 1 MiB "
+                "that alone; 1.88 GB with both, the same answers, no slower). And it gives every allocation of 4 MiB "
                 "or more pages of its own (`malloc_mmap_kb`), given back when freed: glibc's own threshold rises to "
                 "the size of the first such block freed, after which a step's larger activations come from the "
                 "arenas, where rows of other lengths leave holes. With glibc's threshold the demo's path peaked at "
-                "1,912 to 2,152 MB over eight runs on one torch thread (three beside a busy core), and at 2,211 MB on "
-                "a CI machine running other tests beside it; with 1 MiB, at 1,869 to 1,949 MB over ten (the five "
-                "above, on two threads, and five on one, three of them beside a busy core). A "
-                "training step (SmolLM2-135M, 16 trajectories, two threads) took 10.66 s against 10.43 s "
-                "with glibc's threshold (the mean of three fresh processes' medians each, alternated; within "
-                "their spread).", ""]
+                "1,912 to 2,152 MB over nine runs on one torch thread (three beside a busy core), and at 2,211 MB on "
+                "a CI machine running other tests beside it; with 4 MiB, the five runs above, and 1,906 and 1,934 MB "
+                "on one thread. Lower thresholds hold memory lower still and pay for it in page faults: with 1 MiB "
+                "the demo peaked at 1,869 to 1,949 MB over ten runs, but a training step of 64 trajectories (the "
+                "first setting of the table below) took 32.1 s against 29.6 s with glibc's threshold (three and "
+                "four fresh processes, alternated); 128 KiB peaked near 1,820 MB and trained about 30% slower. "
+                "With 4 MiB that step took 30.6 s (two processes), inside glibc's own spread (27.5 to 31.1 s).", ""]
     if settings is not None:
         r = settings
         out += [f"`python -m bench.memory`: peak resident memory (RSS) of the local backend with "

@@ -1,5 +1,5 @@
 """The local backend keeps glibc's malloc to few arenas, so memory one of its threads frees
-another reuses, and gives allocations of 1 MiB or more pages of their own whatever was freed
+another reuses, and gives allocations of 4 MiB or more pages of their own whatever was freed
 before (backends/local/heap.py); a training step lets go of what only serving holds -- the
 merged copy of the adapted layers and the prefix cache -- while it trains. Arenas and mapped
 blocks are counted in a fresh process with glibc's own report (malloc_info)."""
@@ -59,10 +59,10 @@ COUNT_MAPPED = REPORT + textwrap.dedent("""
     def mapped():
         return int(re.search(r'<total type="mmap" count="(\\d+)"', malloc_info()).group(1))
 
-    row = [torch.ones(2**19) for _ in range(8)]  # 2 MiB each
+    row = [torch.ones(2**21) for _ in range(8)]  # 8 MiB each
     del row
     before = mapped()
-    row = [torch.ones(2**19) for _ in range(8)]
+    row = [torch.ones(2**21) for _ in range(8)]
     print(mapped() - before)
 """)
 
@@ -87,9 +87,9 @@ def test_the_backend_keeps_malloc_to_two_arenas_unless_told_otherwise():
 
 @needs_glibc
 def test_the_backend_maps_large_blocks_to_pages_of_their_own_after_others_were_freed():
-    # the next row's 2 MiB activations each mapped, and given back when freed -- not carved
+    # the next row's 8 MiB activations each mapped, and given back when freed -- not carved
     # from an arena where other rows' leave holes
-    assert run(COUNT_MAPPED, 1024) == 8
+    assert run(COUNT_MAPPED, 4096) == 8
     # glibc's own threshold rose to the freed blocks' size: the next ones come from an arena
     assert run(COUNT_MAPPED, 0) == 0
 

@@ -24,7 +24,7 @@ def guard(**env: str) -> subprocess.CompletedProcess:
     # the demo on as many torch threads as the suite gives each of its processes (conftest.py:
     # one a worker under `make test`): two threads beside the other worker's torch spin the two
     # cores against each other and take about 40% longer; one thread peaks about where two do
-    # (1,869 to 1,944 MB over five runs against 1,901 to 1,949 MB over five)
+    # (1,906 and 1,934 MB alone; docs/benchmarks.md#memory has the runs on two)
     threads = os.environ.get("OMP_NUM_THREADS", "2")
     return subprocess.run([sys.executable, "-m", "bench.memory", "--demo", "--check", "--threads", threads],
                           cwd=ROOT, capture_output=True, text=True, timeout=880, env={**os.environ, **env})

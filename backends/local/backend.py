@@ -12,7 +12,7 @@ keep_checkpoints = 3     # newest N checkpoints kept (plus the best by best_metr
 engine = "builtin"       # or "vllm": vLLM in a process of its own (pip install artsdk[vllm])
 prefix_cache_mb = 512    # the built-in engine's cache of earlier turns' keys and values (0: off)
 malloc_arenas = 2        # glibc's malloc arenas for the process (0: glibc's default; heap.py)
-malloc_mmap_kb = 1024    # allocations this large get pages of their own (0: glibc's sliding threshold)
+malloc_mmap_kb = 4096    # allocations this large get pages of their own (0: glibc's sliding threshold)
 api_key = "..."          # the key its server checks (default: a fresh random one, in endpoint.api_key)
 docs = false             # true: the server also serves /docs and /openapi.json
 ```
@@ -54,7 +54,7 @@ class LocalBackend:
                  cache: Optional[str] = None, http: bool = True, merge_adapters: bool = True,
                  engine: str = "builtin", vllm: Optional[dict[str, Any]] = None, prefix_cache_mb: int = 512,
                  serve_only: bool = False, docs: bool = False, malloc_arenas: int = 2,
-                 malloc_mmap_kb: int = 1024, **train_defaults: Any) -> None:
+                 malloc_mmap_kb: int = 4096, **train_defaults: Any) -> None:
         from artsdk.config import settings
 
         from . import models

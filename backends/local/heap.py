@@ -7,12 +7,14 @@ training step runs in -- and memory one thread freed sits in its arena where ano
 reuse it: on the demo's path (SmolLM2-135M, two steps) the peak was 2.64 GB with glibc's default
 and 1.89 GB with two arenas, the same answers sampled and trained (docs/benchmarks.md#memory).
 
-glibc also maps an allocation of 128 KiB or more to pages of its own, handed back when it is
-freed -- until the first such block is freed, when it raises that threshold to the block's size
-(up to 32 MiB), and from then on a training step's activations (half a MB to a few MB each) come
-from the arenas, where rows of other lengths leave holes between them. A fixed threshold of 1 MiB
-keeps the larger activations on pages of their own: the demo's path peaked at 1.87 to 1.95 GB over
-ten runs with it, and at 1.91 to 2.21 GB with glibc's, its steps no slower.
+glibc also maps an allocation of 128 KiB or more to pages of its own, handed back when it is freed
+-- until the first such block is freed, when it raises that threshold to the block's size (up to 32
+MiB), and from then on a training step's activations (half a MB to a few MB each) come from the
+arenas, where rows of other lengths leave holes between them. A fixed threshold of 4 MiB keeps the
+largest on pages of their own whatever was freed before: the demo's path peaked at 1.91 to 2.21 GB
+with glibc's, and at 1.91 to 1.96 GB with 4 MiB, a step no slower. Lower thresholds cost time in
+page faults: 1 MiB made a training step up to 8% slower, 128 KiB about 30%
+(docs/benchmarks.md#memory).
 """
 
 from __future__ import annotations
