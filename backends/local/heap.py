@@ -12,8 +12,8 @@ glibc also maps an allocation of 128 KiB or more to pages of its own, handed bac
 MiB), and from then on a training step's activations (half a MB to a few MB each) come from the
 arenas, where rows of other lengths leave holes between them. A fixed threshold of 4 MiB keeps the
 largest on pages of their own whatever was freed before: the demo's path peaked at 1.91 to 2.21 GB
-with glibc's, and at 1.91 to 1.96 GB with 4 MiB, a step no slower. Lower thresholds cost time in
-page faults: 1 MiB made a training step up to 8% slower, 128 KiB about 30%
+with glibc's, and at 1.91 to 1.96 GB with 4 MiB, a step inside glibc's spread in time. Lower
+thresholds cost time in page faults: 1 MiB made a training step up to 8% slower, 128 KiB about 30%
 (docs/benchmarks.md#memory).
 """
 
