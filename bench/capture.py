@@ -145,11 +145,17 @@ def turns_cost(url: str, calls: int, answers: str = "dicts", rounds: int = 20) -
         inside.run(current_recorder.set, rec)
         if turn > 1:  # the turn before: its messages are copied now, as they were in the rollout
             inside.run(functools.partial(call, **{sent: call.keywords[sent][:-2]}))
-        left = dict(rec.copies)
+        # what the call of the turn before left: the recorder's entries, and how long each list in
+        # them was (the calls add to those lists in place: prefix.py)
+        left = {key: (kept, [len(x) if type(x) is list else None for x in kept]) for key, kept in rec.copies.items()}
 
         def captured(rec: Recorder = rec, left: dict = left, inside: Any = inside, call: Any = call) -> None:
-            rec.copies.clear()  # as the call of the turn before left it
-            rec.copies.update(left)
+            rec.copies.clear()  # as the call of the turn before left it: what this one added cut off
+            for key, (kept, lengths) in left.items():
+                rec.copies[key] = kept
+                for x, length in zip(kept, lengths):
+                    if length is not None:
+                        del x[length:]
             del rec.calls[1:]  # (a real conversation's recorder holds a call a turn, not one a pair)
             inside.run(call)
 

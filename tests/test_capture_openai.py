@@ -550,3 +550,36 @@ def test_a_recorded_call_is_built_as_model_construct_builds_it():
     assert b.params == {} and a.messages is not b.messages and a.choices is not b.choices
     extra = constructed(LLMCall, model="m", cost=3)  # a field it does not declare: kept as pydantic keeps it
     assert extra.model_extra == {"cost": 3} and extra.model == "m"
+
+
+def test_threads_of_one_rollout_each_record_their_own_growing_conversation(sync_client):
+    """A rollout's threads share what its calls keep of the conversation they sent (prefix.py,
+    added to in place): threads growing conversations of their own at once, switched between as
+    often as the interpreter can, each record exactly what they sent."""
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    was = sys.getswitchinterval()
+    sent = {}
+
+    def talk(who):
+        messages = [{"role": "user", "content": f"{who} 0"}]
+        for turn in range(1, 11):
+            sync_client.chat.completions.create(model="m", messages=messages)
+            sent.setdefault(who, []).append([dict(m) for m in messages])
+            messages += [{"role": "assistant", "content": f"{who} said {turn}"},
+                         {"role": "user", "content": f"{who} {turn}"}]
+
+    @art.rollout
+    def agent():
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(talk, range(8)))
+
+    sys.setswitchinterval(1e-6)
+    try:
+        t = agent.collect_sync()
+    finally:
+        sys.setswitchinterval(was)
+    assert t.error is None and len(t.calls) == 80
+    recorded = sorted(json.dumps(c.messages) for c in t.calls)
+    assert recorded == sorted(json.dumps(m) for ms in sent.values() for m in ms)

@@ -268,3 +268,28 @@ def test_a_function_call_joined_to_an_earlier_calls_answer_leaves_that_calls_vie
         {"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"q": "x"}'}}]}
     assert short.messages[1] == again.messages[1] == {"role": "assistant", "content": "let me look"}
     assert joined.messages[0] is short.messages[0] is again.messages[0]  # the view continued, not remade
+
+
+def test_a_conversation_that_branches_off_an_earlier_turn_is_recorded_as_each_branch_sent_it(sync_client):
+    """An agent that goes back to an earlier turn and carries on from there (a retry, a search
+    over continuations): each call reuses what it shares with the call before, and records its
+    own branch -- the items and the chat view of exactly what it sent, however the calls before
+    it went on."""
+    def said(text, role="user"):
+        return {"role": role, "content": text}
+
+    root = [said("start"), said("one way", "assistant")]
+    first = [*root, said("go on"), said("further", "assistant"), said("and on")]
+    second = [*root, said("other way")]
+    sent = [root, first, second, [*second, said("yes", "assistant"), said("more")], first[:3], first]
+
+    @art.rollout
+    def agent():
+        for items in sent:
+            sync_client.responses.create(model="m", input=items, instructions="Be brief.")
+
+    calls = agent.collect_sync().calls
+    for call, items in zip(calls, sent):
+        assert call.params["input"] == items
+        assert call.messages == [{"role": "system", "content": "Be brief."}, *items]
+    assert calls[3].messages[1] is calls[2].messages[1] is calls[0].messages[1]  # the shared start reused

@@ -46,6 +46,11 @@ class Recorder:
         self._pending: dict[int, Callable[[], None]] = {}
         self._lock = threading.Lock()
 
+    @property
+    def lock(self) -> threading.Lock:
+        """Held while a call changes what the rollout's calls keep (``copies``: prefix.py)."""
+        return self._lock
+
     def note(self, text: str) -> None:
         with self._lock:
             if text not in self.notes:

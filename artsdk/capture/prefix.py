@@ -20,6 +20,14 @@ message is copied anew.
 
 The Responses and Messages APIs' chat views are made from those copies item by item
 (``folded``), continuing the view the last call made of the copies the two calls share.
+
+What the calls keep (each message's copy, witness..., each object's fields) is held in lists
+the next call cuts back to what still holds and adds to, in place, under the recorder's lock.
+A list the length of the conversation made and dropped on each call -- six of them, as each
+call once made its own -- touches every message it holds (a reference counted, then let go),
+each a cache miss after the client's own work: it made the 20th turn's paired overhead of a
+dict conversation about 1.7 times the first's. The one list each call makes is the one it is
+recorded with.
 """
 
 from __future__ import annotations
@@ -33,30 +41,42 @@ from pydantic import BaseModel
 
 from .current import current_recorder
 
-_EMPTY: tuple[list[Any], ...] = ([], [], [], [], [], [])  # (only ever sliced)
-
-
 def reused(key: str, items: Iterable[Any], convert: Callable[[Any], Any]) -> list[Any]:
     """``[convert(m) for m in items]``, reusing the converted copies the rollout's last call
     under ``key`` made of a prefix of ``items`` that still says the same."""
     rec = current_recorder.get()
-    items = list(items)
+    if type(items) is not list:
+        items = list(items)
     if rec is None or rec.closed:
         return [convert(m) for m in items]
+    with rec.lock:  # (the threads of one rollout share what its calls left)
+        kept = rec.copies.get(key)
+        if kept is None:
+            kept = rec.copies[key] = ([], [], [], [], [], [])
+        return _reused(kept, items, convert)
+
+
+def _reused(kept: tuple[list[Any], ...], items: list[Any], convert: Callable[[Any], Any]) -> list[Any]:
     # per message: its copy, its witness, and how many objects the messages up to it hold;
-    # per object in them: the object, and copies of its fields and extra fields
-    copies, witnesses, ends, objects, fields, extras = rec.copies.get(key) or _EMPTY
+    # per object in them: the object, and copies of its fields and extra fields. Kept from call
+    # to call and cut or added to in place: a call that resends the last one's messages and adds
+    # a few makes no list the length of the conversation but the one it records
+    copies, witnesses, ends, objects, fields, extras = kept
     n = len(witnesses)
     if n and (n > len(items) or items[:n] != witnesses):
         n = _matching(items, witnesses)
     k = ends[n - 1] if n else 0
     if k:
-        inside = objects[:k]
-        if [o.__dict__ for o in inside] != fields[:k] or [o.__pydantic_extra__ for o in inside] != extras[:k]:
+        whole = k == len(objects)
+        inside = objects if whole else objects[:k]
+        if [o.__dict__ for o in inside] != (fields if whole else fields[:k]) or \
+                [o.__pydantic_extra__ for o in inside] != (extras if whole else extras[:k]):
             n = bisect_right(ends, _first_changed(inside, fields, extras), 0, n)
             k = ends[n - 1] if n else 0
-    copies, witnesses, ends = copies[:n], witnesses[:n], ends[:n]  # new lists: the last call keeps its own
-    objects, fields, extras = objects[:k], fields[:k], extras[:k]
+    if n < len(witnesses):
+        del copies[n:], witnesses[n:], ends[n:]
+    if k < len(objects):
+        del objects[k:], fields[k:], extras[k:]
     for m in items[n:]:
         copy = convert(m)
         copies.append(copy)
@@ -66,10 +86,11 @@ def reused(key: str, items: Iterable[Any], convert: Callable[[Any], Any]) -> lis
             try:
                 witnesses.append(_snapshot(m, (objects, fields, extras)))
             except Exception:  # noqa: BLE001 - a message that cannot be copied is copied at every call
+                start = ends[-1] if ends else 0  # (the objects it had added so far let go)
+                del objects[start:], fields[start:], extras[start:]
                 witnesses.append(_NEVER)
         ends.append(len(objects))
-    rec.copies[key] = (copies, witnesses, ends, objects, fields, extras)
-    return copies
+    return copies[:]  # the call's own list: the next call changes these
 
 
 def folded(key: str, head: list[Any], items: list[Any], step: Callable[[list[Any], Any], None]) -> list[Any]:
@@ -83,23 +104,24 @@ def folded(key: str, head: list[Any], items: list[Any], step: Callable[[list[Any
         for item in items:
             step(out, item)
         return out
-    n, ends, lasts = 0, [], []  # after each item: how long the view was, and its last entry
-    prior = rec.copies.get(key)
-    if prior is not None and prior[0] == head:
-        _, before, view, ends, lasts = prior
-        same = list(map(is_, items, before))
-        n = same.index(False) if False in same else len(same)
-        if n:
-            out = view[:ends[n - 1]]
-            if out:  # as it was then: a later item of that call may have replaced it
-                out[-1] = lasts[n - 1]
-        ends, lasts = ends[:n], lasts[:n]
-    for item in items[n:]:
-        step(out, item)
-        ends.append(len(out))
-        lasts.append(out[-1] if out else None)
-    rec.copies[key] = (head, items, out, ends, lasts)
-    return out
+    with rec.lock:
+        n, ends, lasts = 0, [], []  # after each item: how long the view was, and its last entry
+        prior = rec.copies.get(key)
+        if prior is not None and prior[0] == head:
+            _, before, view, ends, lasts = prior  # (ends and lasts cut and added to in place, as reused's)
+            same = list(map(is_, items, before))
+            n = same.index(False) if False in same else len(same)
+            if n:
+                out = view[:ends[n - 1]]
+                if out:  # as it was then: a later item of that call may have replaced it
+                    out[-1] = lasts[n - 1]
+            del ends[n:], lasts[n:]
+        for item in items[n:]:
+            step(out, item)
+            ends.append(len(out))
+            lasts.append(out[-1] if out else None)
+        rec.copies[key] = (head, items, out, ends, lasts)
+        return out
 
 
 class _Never:
