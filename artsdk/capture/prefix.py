@@ -147,10 +147,10 @@ def _snapshot(v: Any, kept: tuple[list[Any], list[Any], list[Any]]) -> Any:
     t = type(v)
     if t in _ATOMS:
         return v
-    if t is dict:
-        return {k: _snapshot(x, kept) for k, x in v.items()}
+    if t is dict:  # (an atom in it taken as it is, without a call: most of an object's fields are)
+        return {k: x if type(x) in _ATOMS else _snapshot(x, kept) for k, x in v.items()}
     if t is list or t is tuple:
-        return t([_snapshot(x, kept) for x in v])
+        return t([x if type(x) in _ATOMS else _snapshot(x, kept) for x in v])
     if isinstance(v, BaseModel):
         objects, fields, extras = kept
         at = len(objects)

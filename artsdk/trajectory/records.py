@@ -121,6 +121,9 @@ def check_messages(messages: Any, *, where: str = "messages") -> list[Message]:
     return out
 
 
+_NOTHING = (None, [], {})  # (made once: ``v not in (None, [], {})`` would make a list and a dict a field)
+
+
 def as_message(m: Any) -> Any:
     """An OpenAI/LiteLLM message (a pydantic object, or a dict that may hold such objects, as
     ``{"role": "assistant", "tool_calls": msg.tool_calls}`` does) as plain JSON-like dicts and
@@ -133,7 +136,7 @@ def as_message(m: Any) -> Any:
             return m
         d = plain(dump(exclude_none=True))
         # openai objects carry empty optional lists/None fields that requests never had
-        d = {k: v for k, v in d.items() if v not in (None, [], {}) or k == "content"}
+        d = {k: v for k, v in d.items() if v not in _NOTHING or k == "content"}
     role = d.get("role")
     if isinstance(role, str) and type(role) is not str:  # a str enum (smolagents' MessageRole): its value
         d["role"] = str(getattr(role, "value", role))
