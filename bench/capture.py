@@ -102,16 +102,17 @@ def async_measure(url: str, calls: int) -> dict:
 
 
 def turns_cost(url: str, calls: int, answers: str = "dicts", rounds: int = 20) -> list[dict]:
-    """What capture adds to the call at turn 1, 10 and 20 of a conversation, in place: the
+    """What capture adds to the call at turn 1, 2, 10 and 20 of a conversation, in place: the
     conversation's messages so far (two a turn: the answer and a new user message), sent with
     the rollout's recorder holding what its call before this one left there (the state the
     turn's call finds in a real rollout: those messages were copied then, only the two new ones
     are now), each such call timed right beside the same call made outside a rollout
     (bench/paired.py). ``answers``: how the agent keeps the answers -- as dicts it makes
     ("dicts"), as the response's own ``ChatCompletionMessage`` ("objects"), or as a Responses
-    API agent does, the response's output items appended to its input ("responses"). The turns
-    take turns, ``rounds`` times, so that the machine's speed drifting (it does, by tens of
-    percent over minutes) reaches all three alike."""
+    API agent does, the response's output items appended to its input ("responses"): turn 2 is
+    the first to send one of those, and copies it. The turns take turns, ``rounds`` times, so
+    that the machine's speed drifting (it does, by tens of percent over minutes) reaches all
+    alike."""
     import contextvars
 
     from openai.types.chat import ChatCompletionMessage
@@ -130,7 +131,7 @@ def turns_cost(url: str, calls: int, answers: str = "dicts", rounds: int = 20) -
 
     client = OpenAI(base_url=url, api_key="k", max_retries=0)
     cases = {}
-    for turn in (1, 10, 20):
+    for turn in (1, 2, 10, 20):
         messages = [{"role": "user", "content": f"turn {i // 2 + 1}: what is the capital of France? one word please"}
                     if i % 2 == 0 else answer(i) for i in range(2 * turn - 1)]
         if answers == "responses":

@@ -583,3 +583,24 @@ def test_threads_of_one_rollout_each_record_their_own_growing_conversation(sync_
     assert t.error is None and len(t.calls) == 80
     recorded = sorted(json.dumps(c.messages) for c in t.calls)
     assert recorded == sorted(json.dumps(m) for ms in sent.values() for m in ms)
+
+
+def test_an_extra_field_set_on_a_sent_object_is_what_the_next_call_records(sync_client, server):
+    """The response's own message, resent, gains a field its type does not declare (a
+    reasoning trace some servers add, set by the agent): the next call records it, as the
+    server received it; the call before keeps what it sent."""
+    before = len(server.requests)
+
+    @art.rollout
+    def agent():
+        messages = [{"role": "user", "content": "hi"}]
+        messages.append(sync_client.chat.completions.create(model="m", messages=messages).choices[0].message)
+        messages.append({"role": "user", "content": "again"})
+        sync_client.chat.completions.create(model="m", messages=messages)
+        messages[1].reasoning_content = "thought it over"  # kept as an extra field by the openai type
+        sync_client.chat.completions.create(model="m", messages=messages)
+
+    _, second, third = agent.collect_sync().calls
+    assert server.requests[before + 2]["body"]["messages"][1]["reasoning_content"] == "thought it over"
+    assert third.messages[1]["reasoning_content"] == "thought it over"
+    assert "reasoning_content" not in second.messages[1] and third.messages[0] is second.messages[0]

@@ -70,7 +70,7 @@ def _reused(kept: tuple[list[Any], ...], items: list[Any], convert: Callable[[An
         whole = k == len(objects)
         inside = objects if whole else objects[:k]
         if [o.__dict__ for o in inside] != (fields if whole else fields[:k]) or \
-                [o.__pydantic_extra__ for o in inside] != (extras if whole else extras[:k]):
+                [o.__pydantic_extra__ or None for o in inside] != (extras if whole else extras[:k]):
             n = bisect_right(ends, _first_changed(inside, fields, extras), 0, n)
             k = ends[n - 1] if n else 0
     if n < len(witnesses):
@@ -157,7 +157,8 @@ def _snapshot(v: Any, kept: tuple[list[Any], list[Any], list[Any]]) -> Any:
         objects.append(v)
         fields.append(None)
         extras.append(None)
-        fields[at], extras[at] = _snapshot(v.__dict__, kept), _snapshot(v.__pydantic_extra__, kept)
+        # (no extra fields, the usual case, kept as None: compared without a copy to read)
+        fields[at], extras[at] = _snapshot(v.__dict__, kept), _snapshot(v.__pydantic_extra__ or None, kept)
         return v
     return deepcopy(v)
 
@@ -165,7 +166,7 @@ def _snapshot(v: Any, kept: tuple[list[Any], list[Any], list[Any]]) -> Any:
 def _first_changed(objects: list[Any], fields: list[Any], extras: list[Any]) -> int:
     """The first of ``objects`` whose fields no longer say what their copies say."""
     for i, o in enumerate(objects):
-        if o.__dict__ != fields[i] or o.__pydantic_extra__ != extras[i]:
+        if o.__dict__ != fields[i] or (o.__pydantic_extra__ or None) != extras[i]:
             return i
     return len(objects)
 
