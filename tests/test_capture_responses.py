@@ -293,3 +293,23 @@ def test_a_conversation_that_branches_off_an_earlier_turn_is_recorded_as_each_br
         assert call.params["input"] == items
         assert call.messages == [{"role": "system", "content": "Be brief."}, *items]
     assert calls[3].messages[1] is calls[2].messages[1] is calls[0].messages[1]  # the shared start reused
+
+
+def test_an_item_of_content_neither_text_nor_parts_is_sent_inside_a_rollout_as_outside(sync_client, server):
+    """An input item whose content is neither text nor a list of parts (a server would refuse
+    it; the scripted one answers): inside a rollout the call goes out and is answered as it is
+    outside one -- the record's chat view takes the content as it is, it does not stop the
+    call -- and the call is recorded with the item as it was sent."""
+    odd = [{"role": "user", "content": 5}]
+    before = len(server.requests)
+    outside = sync_client.responses.create(model="m", input=odd)
+
+    @art.rollout
+    def agent():
+        return sync_client.responses.create(model="m", input=odd).output_text
+
+    t = agent.collect_sync()
+    assert t.error is None and t.outcome == outside.output_text
+    assert [r["body"]["input"] for r in server.requests[before:]] == [odd, odd]
+    (call,) = t.calls
+    assert call.params["input"] == odd and call.messages == odd

@@ -41,6 +41,7 @@ from pydantic import BaseModel
 
 from .current import current_recorder
 
+
 def reused(key: str, items: Iterable[Any], convert: Callable[[Any], Any]) -> list[Any]:
     """``[convert(m) for m in items]``, reusing the converted copies the rollout's last call
     under ``key`` made of a prefix of ``items`` that still says the same."""

@@ -64,8 +64,9 @@ def items_of(input: Any) -> list[Item]:
 
 
 def _text(content: Any) -> Any:
-    """Message content as chat content: a string when it is all text, else the parts."""
-    if content is None or isinstance(content, str):
+    """Message content as chat content: a string when it is all text, else the parts (content
+    that is neither, which the server will refuse, as it is)."""
+    if not isinstance(content, (list, tuple)):
         return content
     parts = [as_item(p) for p in content]
     if all(p.get("type") in _TEXT_PARTS for p in parts):
