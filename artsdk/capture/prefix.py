@@ -65,19 +65,10 @@ def _reused(kept: tuple[list[Any], ...], items: list[Any], convert: Callable[[An
     copies, witnesses, ends, objects, fields, extras = kept
     n = len(witnesses)
     if n and (n > len(items) or items[:n] != witnesses):
-        n = _matching(items, witnesses)
-    k = ends[n - 1] if n else 0
-    if k:
-        whole = k == len(objects)
-        inside = objects if whole else objects[:k]
-        if [o.__dict__ for o in inside] != (fields if whole else fields[:k]) or \
-                [o.__pydantic_extra__ or None for o in inside] != (extras if whole else extras[:k]):
-            n = bisect_right(ends, _first_changed(inside, fields, extras), 0, n)
-            k = ends[n - 1] if n else 0
-    if n < len(witnesses):
-        del copies[n:], witnesses[n:], ends[n:]
-    if k < len(objects):
-        del objects[k:], fields[k:], extras[k:]
+        n = _cut(kept, _matching(items, witnesses))
+    if objects and ([o.__dict__ for o in objects] != fields or
+                    [o.__pydantic_extra__ or None for o in objects] != extras):
+        n = _cut(kept, bisect_right(ends, _first_changed(objects, fields, extras)))
     for m in items[n:]:
         copy = convert(m)
         copies.append(copy)
@@ -92,6 +83,16 @@ def _reused(kept: tuple[list[Any], ...], items: list[Any], convert: Callable[[An
                 witnesses.append(_NEVER)
         ends.append(len(objects))
     return copies[:]  # the call's own list: the next call changes these
+
+
+def _cut(kept: tuple[list[Any], ...], n: int) -> int:
+    """Keep what the first ``n`` messages left in ``kept`` (``reused``'s lists), and the
+    objects in them; returns ``n``."""
+    copies, witnesses, ends, objects, fields, extras = kept
+    del copies[n:], witnesses[n:], ends[n:]
+    k = ends[-1] if ends else 0
+    del objects[k:], fields[k:], extras[k:]
+    return n
 
 
 def folded(key: str, head: list[Any], items: list[Any], step: Callable[[list[Any], Any], None]) -> list[Any]:
