@@ -136,20 +136,27 @@ class StreamWatch:
         setattr(stream, _STREAM_ATTR, self)
 
     def add(self, chunk: Any) -> None:
-        with self._lock:
+        lock = self._lock
+        if lock is None:  # finished
+            return
+        with lock:
             if not self.done:
                 self.acc.add(chunk)
 
     def finish(self, left_early: bool, failure: Optional[str] = None) -> None:
-        with self._lock:
+        lock = self._lock
+        if lock is None:
+            return
+        with lock:
             if self.done:
                 return
             self.done = True
             call = self.acc.to_call(perf_counter() - self.t0, left_early, failure)
         rec = self.rec
         # the stream keeps this until it goes, and litellm's streams are freed by the garbage
-        # collector (a cycle of their own): the recording is not held there with them
-        self.rec = self.acc = None
+        # collector (a cycle of their own): neither the recording nor the lock is held there with
+        # them (a lock in that cycle was one more object a call left to the collector)
+        self.rec = self.acc = self._lock = None
         rec.fill(self.slot, call)
 
 
